@@ -1,0 +1,19 @@
+"""vlite: a small, fast, plugin-architected LLM inference engine on vLLM V1's architecture."""
+
+from vlite.core.hookspecs import hookimpl
+from vlite.core.outputs import CompletionOutput, RequestOutput
+from vlite.core.sampling_params import SamplingParams
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # LLM pulls in torch and transformers; import it only when asked for.
+    if name == "LLM":
+        from vlite.engine.llm import LLM
+
+        return LLM
+    raise AttributeError(f"module 'vlite' has no attribute {name!r}")
+
+
+__all__ = ["LLM", "CompletionOutput", "RequestOutput", "SamplingParams", "hookimpl", "__version__"]

@@ -1,0 +1,118 @@
+"""The attention-backend interface and the metadata every backend receives.
+
+A step's batch is *flattened*: the new tokens of all scheduled sequences are laid end to
+end (no padding), ``num_tokens`` in all. Sequence ``i`` owns query rows
+``query_start_loc[i]:query_start_loc[i+1]``; those are the *last* ``query_len`` tokens of a
+context of ``seq_lens[i]`` tokens, so a prefill whose prefix came from the prefix cache, a
+prompt chunk and a one-token decode all look the same to a backend.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    """Where each sequence's keys and values live in the paged cache.
+
+    Attributes:
+        slot_mapping: ``[num_tokens]`` int64. Cache slot of each new token,
+            ``block_id * block_size + offset_in_block``; the backend writes the token's
+            K/V there before attending.
+        query_start_loc: ``[num_seqs + 1]`` int32. Cumulative query lengths; starts at 0.
+        seq_lens: ``[num_seqs]`` int32. Context length of each sequence *including* its
+            new tokens (cached prefix + new tokens).
+        block_tables: ``[num_seqs, max_num_blocks]`` int32. Physical block ids of each
+            sequence in logical order; entries past the sequence's last block are 0.
+        max_query_len: Largest query length in the batch (host int).
+        max_seq_len: Largest context length in the batch (host int).
+        query_lens_cpu: Query length per sequence as host ints (for backends that loop).
+        seq_lens_cpu: Context length per sequence as host ints.
+    """
+
+    slot_mapping: torch.Tensor
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_tables: torch.Tensor
+    max_query_len: int
+    max_seq_len: int
+    query_lens_cpu: list[int]
+    seq_lens_cpu: list[int]
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens_cpu)
+
+    @property
+    def is_all_decode(self) -> bool:
+        """True when every sequence brings exactly one new token."""
+        return self.max_query_len == 1
+
+
+class AttentionBackend(ABC):
+    """Computes causal attention over a paged KV cache, for one model's layer shape.
+
+    One instance serves every layer of a model: the per-layer state is the cache tensor
+    passed to :meth:`forward`. Registered with ``register_attention_backends``.
+
+    Class attributes declare the backend's limits; the engine checks them at construction.
+    """
+
+    #: dtypes this backend computes in.
+    supported_dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
+
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        block_size: int,
+    ) -> None:
+        if num_heads % num_kv_heads != 0:
+            raise ValueError(
+                f"num_heads={num_heads} must be a multiple of num_kv_heads={num_kv_heads}"
+            )
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale
+        self.block_size = block_size
+
+    @property
+    def num_queries_per_kv(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
+        """Shape of one layer's cache: ``[2, num_blocks, block_size, num_kv_heads, head_dim]``.
+
+        Index 0 holds keys, index 1 values. A backend may override this with its own layout.
+        """
+        return (2, num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
+
+    @abstractmethod
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Write the new keys/values into ``kv_cache`` and attend.
+
+        Args:
+            query: ``[num_tokens, num_heads, head_dim]``.
+            key: ``[num_tokens, num_kv_heads, head_dim]``.
+            value: ``[num_tokens, num_kv_heads, head_dim]``.
+            kv_cache: this layer's cache, shaped by :meth:`kv_cache_shape`.
+            metadata: the step's :class:`AttentionMetadata`.
+
+        Returns:
+            ``[num_tokens, num_heads, head_dim]``: each query attends causally to its own
+            sequence's context (cached tokens and new tokens up to and including itself).
+        """

@@ -1,0 +1,110 @@
+"""EngineCore: the heartbeat. Owns the scheduler and the executor; ``step()`` runs one batch."""
+
+from __future__ import annotations
+
+from vlite.core.config import VliteConfig
+from vlite.core.executor import Executor
+from vlite.core.kv_cache import KVCacheManager
+from vlite.core.outputs import EngineCoreOutputs
+from vlite.core.plugins import PluginRegistry, build_plugin_manager
+from vlite.core.request import EngineCoreRequest, Request, RequestStatus
+from vlite.core.scheduler import Scheduler, SchedulerLimits
+from vlite.models.spec import ModelSpec
+
+
+class EngineCore:
+    """Schedules, executes and samples, one step at a time.
+
+    Args:
+        config: the engine configuration.
+        registry: plugin classes to draw from; by default a fresh plugin manager's.
+    """
+
+    def __init__(self, config: VliteConfig, registry: PluginRegistry | None = None) -> None:
+        self.config = config
+        self.registry = registry or PluginRegistry(build_plugin_manager())
+        scheduler_cls = self.registry.get("scheduler", config.scheduler)
+        executor_cls = self.registry.get("executor", config.executor)
+        self.registry.get("attention_backend", config.attention_backend)
+        self.registry.get("sampler", config.sampler)
+        self.model_spec = ModelSpec.from_config(config)
+        self.executor: Executor = executor_cls(config, self.registry)
+        num_blocks = self.executor.initialize_kv_cache()
+        self.kv_cache_manager = KVCacheManager(
+            num_blocks, config.block_size, config.enable_prefix_caching
+        )
+        max_model_len = self.model_spec.max_model_len
+        self.scheduler: Scheduler = scheduler_cls(
+            SchedulerLimits(
+                max_num_seqs=config.max_num_seqs,
+                max_num_batched_tokens=config.resolved_max_num_batched_tokens(max_model_len),
+                max_model_len=max_model_len,
+            ),
+            self.kv_cache_manager,
+        )
+
+    # ---- requests ------------------------------------------------------------------
+
+    def add_request(self, core_request: EngineCoreRequest) -> None:
+        """Queue a request; raises ``ValueError`` if it could never be scheduled."""
+        self._check_fits(core_request)
+        if core_request.request_id in self.scheduler.requests:
+            raise ValueError(f"request_id {core_request.request_id!r} is already in use")
+        self.scheduler.add_request(Request(core_request))
+
+    def _check_fits(self, core_request: EngineCoreRequest) -> None:
+        limits = self.scheduler.limits
+        num_prompt = len(core_request.prompt_token_ids)
+        if num_prompt == 0:
+            raise ValueError(f"request {core_request.request_id!r} has an empty prompt")
+        if num_prompt >= limits.max_model_len:
+            raise ValueError(
+                f"request {core_request.request_id!r}: prompt of {num_prompt} tokens does not "
+                f"leave room to generate within max_model_len={limits.max_model_len}"
+            )
+        if num_prompt > limits.max_num_batched_tokens and not (
+            self.scheduler.supports_chunked_prefill
+        ):
+            raise ValueError(
+                f"request {core_request.request_id!r}: prompt of {num_prompt} tokens exceeds "
+                f"max_num_batched_tokens={limits.max_num_batched_tokens} and scheduler "
+                f"{self.config.scheduler!r} does not split prompts into chunks"
+            )
+        max_total = min(num_prompt + core_request.sampling_params.max_tokens, limits.max_model_len)
+        num_blocks = self.kv_cache_manager.num_blocks_for(max_total)
+        if num_blocks > self.kv_cache_manager.num_blocks:
+            raise ValueError(
+                f"request {core_request.request_id!r} may need {num_blocks} KV-cache blocks "
+                f"but the cache has {self.kv_cache_manager.num_blocks}; raise num_kv_blocks "
+                "or lower max_tokens"
+            )
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        """Finish requests as aborted and free their blocks. Unknown ids are ignored."""
+        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
+    def finish_requests(self, request_ids: list[str], status: RequestStatus) -> None:
+        """Finish requests for a reason found outside the core (a stop string)."""
+        self.scheduler.finish_requests(request_ids, status)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # ---- the step ------------------------------------------------------------------
+
+    def step(self) -> EngineCoreOutputs:
+        """One iteration: schedule -> execute_model -> sample_tokens -> update_from_output."""
+        if not self.scheduler.has_unfinished_requests():
+            return EngineCoreOutputs()
+        scheduler_output = self.scheduler.schedule()
+        if scheduler_output.is_empty and not scheduler_output.num_preempted:
+            raise RuntimeError(
+                f"the scheduler could schedule none of {self.scheduler.num_unfinished_requests} "
+                "unfinished requests (a prompt larger than the token budget or the KV cache?)"
+            )
+        self.executor.execute_model(scheduler_output)
+        model_runner_output = self.executor.sample_tokens()
+        return self.scheduler.update_from_output(scheduler_output, model_runner_output)
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()

@@ -1,0 +1,37 @@
+"""The executor interface: the engine core's handle on compute (``register_executors``)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from vlite.core.config import VliteConfig
+from vlite.core.outputs import ModelRunnerOutput, SchedulerOutput
+from vlite.core.plugins import PluginRegistry
+
+
+class Executor(ABC):
+    """Fans each step out to the worker(s) that own the model and the KV cache.
+
+    Constructed as ``cls(config, registry)`` in the engine-core process. The engine calls
+    :meth:`initialize_kv_cache` once, then per step :meth:`execute_model` followed by
+    :meth:`sample_tokens`, and :meth:`shutdown` at the end.
+    """
+
+    def __init__(self, config: VliteConfig, registry: PluginRegistry) -> None:
+        self.config = config
+        self.registry = registry
+
+    @abstractmethod
+    def initialize_kv_cache(self) -> int:
+        """Allocate every worker's KV cache; return the number of blocks (same on all)."""
+
+    @abstractmethod
+    def execute_model(self, scheduler_output: SchedulerOutput) -> None:
+        """Run the forward pass for the scheduled batch."""
+
+    @abstractmethod
+    def sample_tokens(self) -> ModelRunnerOutput:
+        """Sample from the last forward pass's logits."""
+
+    def shutdown(self) -> None:
+        """Release workers and their resources. Calling it twice is harmless."""

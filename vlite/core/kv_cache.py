@@ -1,0 +1,200 @@
+"""The paged KV cache's bookkeeping: blocks, block tables, reference counts, prefix caching.
+
+The cache is ``num_blocks`` fixed-size blocks of ``block_size`` token slots. A request's
+block table lists its blocks in token order; token ``i`` lives in slot
+``block_ids[i // block_size] * block_size + i % block_size``.
+
+Prefix caching: a *full* block is identified by a hash chained over every token up to its
+end (``hash((parent_hash, tokens_of_block))``), so two requests that share a prompt prefix
+map its full blocks to the same hashes and can share the same physical blocks. A block
+whose reference count falls to zero keeps its hash and contents and goes to the tail of
+the free queue; allocation takes from the head, so the least recently freed cached block
+is evicted first, and a later request can revive a cached block until it is evicted.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from vlite.core.request import Request
+
+BlockHash = int
+
+
+class KVCacheBlock:
+    """One physical block: its id, how many requests use it, and its prefix hash if full."""
+
+    __slots__ = ("block_id", "ref_count", "block_hash")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_count = 0
+        self.block_hash: BlockHash | None = None
+
+    def __repr__(self) -> str:
+        return f"KVCacheBlock({self.block_id}, refs={self.ref_count}, hash={self.block_hash})"
+
+
+def hash_block_tokens(parent_hash: BlockHash | None, token_ids: Sequence[int]) -> BlockHash:
+    """Chained hash of one full block: equal only if every earlier token is equal too."""
+    return hash((parent_hash, tuple(token_ids)))
+
+
+class KVCacheManager:
+    """Hands out blocks to requests and takes them back.
+
+    Args:
+        num_blocks: Physical blocks in the cache.
+        block_size: Token slots per block.
+        enable_prefix_caching: Share and keep full blocks by prefix hash.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks={num_blocks} is invalid: must be >= 1")
+        if block_size < 1:
+            raise ValueError(f"block_size={block_size} is invalid: must be >= 1")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
+        # Blocks with ref_count 0, least recently freed first.
+        self._free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._cached_blocks: dict[BlockHash, KVCacheBlock] = {}
+        # Per request: its blocks and the hashes of its full blocks so far.
+        self._request_blocks: dict[str, list[KVCacheBlock]] = {}
+        self._request_hashes: dict[str, list[BlockHash]] = {}
+        self.num_prefix_hit_tokens = 0
+        self.num_prefix_queried_tokens = 0
+
+    # ---- queries -------------------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks no request holds (cached-but-unreferenced blocks count as free)."""
+        return len(self._free_queue)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self._cached_blocks)
+
+    def num_blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def block_ids_of(self, request_id: str) -> list[int]:
+        return [block.block_id for block in self._request_blocks.get(request_id, [])]
+
+    # ---- prefix cache lookup -------------------------------------------------------
+
+    def find_cached_prefix(self, request: Request) -> list[KVCacheBlock]:
+        """Longest run of the request's leading full blocks already in the cache.
+
+        At least one token is always left to compute, so the model produces logits for
+        the last token: a fully cached prompt reuses all blocks but its last.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hashes = self._ensure_hashes(request, max_blocks)
+        hits: list[KVCacheBlock] = []
+        for block_hash in hashes[:max_blocks]:
+            block = self._cached_blocks.get(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        self.num_prefix_queried_tokens += request.num_tokens
+        self.num_prefix_hit_tokens += len(hits) * self.block_size
+        return hits
+
+    def _ensure_hashes(self, request: Request, num_full_blocks: int) -> list[BlockHash]:
+        hashes = self._request_hashes.setdefault(request.request_id, [])
+        tokens = request.all_token_ids
+        bs = self.block_size
+        while len(hashes) < num_full_blocks:
+            start = len(hashes) * bs
+            parent = hashes[-1] if hashes else None
+            hashes.append(hash_block_tokens(parent, tokens[start : start + bs]))
+        return hashes
+
+    # ---- allocation ----------------------------------------------------------------
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        cached_prefix: Sequence[KVCacheBlock] = (),
+    ) -> list[int] | None:
+        """Make room for ``num_new_tokens`` more tokens of ``request``.
+
+        ``cached_prefix`` (from :meth:`find_cached_prefix`, only for a request holding no
+        blocks) is taken as the first blocks of its table. Returns the ids of the blocks
+        newly added to the request's table, or ``None`` (and changes nothing) when there
+        are not enough free blocks.
+        """
+        held = self._request_blocks.setdefault(request.request_id, [])
+        if cached_prefix and held:
+            raise ValueError(f"request {request.request_id!r} already holds blocks")
+        num_computed = len(cached_prefix) * self.block_size or request.num_computed_tokens
+        num_needed = self.num_blocks_for(num_computed + num_new_tokens)
+        num_to_take = num_needed - len(held) - len(cached_prefix)
+        num_revived = sum(1 for block in cached_prefix if block.ref_count == 0)
+        if num_to_take + num_revived > self.num_free_blocks:
+            return None
+        new_blocks = list(cached_prefix)
+        for block in cached_prefix:
+            self._take_reference(block)
+        new_blocks += [self._pop_free_block() for _ in range(max(num_to_take, 0))]
+        held += new_blocks
+        if self.enable_prefix_caching:
+            self._cache_full_blocks(request, held, num_computed + num_new_tokens)
+        return [block.block_id for block in new_blocks]
+
+    def _take_reference(self, block: KVCacheBlock) -> None:
+        if block.ref_count == 0:
+            del self._free_queue[block.block_id]
+        block.ref_count += 1
+
+    def _pop_free_block(self) -> KVCacheBlock:
+        block_id, _ = self._free_queue.popitem(last=False)
+        block = self.blocks[block_id]
+        if block.block_hash is not None:  # evict: its contents are about to be overwritten
+            if self._cached_blocks.get(block.block_hash) is block:
+                del self._cached_blocks[block.block_hash]
+            block.block_hash = None
+        block.ref_count = 1
+        return block
+
+    def _cache_full_blocks(
+        self, request: Request, held: list[KVCacheBlock], num_known_tokens: int
+    ) -> None:
+        """Publish the request's blocks that are full once this step's tokens are written."""
+        num_full = min(num_known_tokens // self.block_size, len(held))
+        hashes = self._ensure_hashes(request, num_full)
+        for block, block_hash in zip(held[:num_full], hashes[:num_full]):
+            if block.block_hash is None:
+                block.block_hash = block_hash
+                self._cached_blocks.setdefault(block_hash, block)
+
+    # ---- freeing -------------------------------------------------------------------
+
+    def free(self, request: Request) -> None:
+        """Drop the request's references; its unshared blocks become free.
+
+        Blocks are queued tail-first, so a request's last blocks (the least likely to be
+        shared) are evicted before its first ones. Freeing twice is a no-op.
+        """
+        blocks = self._request_blocks.pop(request.request_id, [])
+        self._request_hashes.pop(request.request_id, None)
+        for block in reversed(blocks):
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self._free_queue[block.block_id] = None
+
+    def reset_prefix_cache_stats(self) -> None:
+        self.num_prefix_hit_tokens = 0
+        self.num_prefix_queried_tokens = 0

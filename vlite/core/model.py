@@ -1,0 +1,51 @@
+"""The interface a model architecture implements (registered with ``register_models``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
+
+import torch
+
+from vlite.core.attention import AttentionBackend, AttentionMetadata
+
+
+class CausalLM(Protocol):
+    """A decoder-only language model over a flattened, paged batch.
+
+    Constructed as ``cls(hf_config, attn_backend_cls, block_size)`` where ``hf_config``
+    is a ``transformers.PretrainedConfig`` and ``attn_backend_cls`` an
+    :class:`~vlite.core.attention.AttentionBackend` subclass the model instantiates once
+    with its own head shape; it is exposed as :attr:`attention`.
+    """
+
+    attention: AttentionBackend
+    num_layers: int
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Run the decoder.
+
+        Args:
+            input_ids: ``[num_tokens]`` int64, the step's new tokens, flattened.
+            positions: ``[num_tokens]`` int64, each token's position in its sequence.
+            kv_caches: one cache tensor per layer, shaped by ``attention.kv_cache_shape``.
+            attn_metadata: where each sequence's context lives in the caches.
+
+        Returns:
+            ``[num_tokens, hidden_size]`` final hidden states (after the last norm).
+        """
+        ...
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """``[n, hidden_size]`` -> ``[n, vocab_size]`` float32 logits."""
+        ...
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load Hugging Face-named tensors (e.g. ``model.layers.0.self_attn.q_proj.weight``)."""
+        ...

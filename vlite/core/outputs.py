@@ -1,0 +1,132 @@
+"""What flows between the four stages of a step, and what the user gets back.
+
+``SchedulerOutput`` (scheduler -> executor) is serializable: it crosses to worker
+processes. It carries *diffs*: full data for requests the workers have not seen, and only
+what changed for the others; workers keep their own per-request state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import msgspec
+
+from vlite.core.sampling_params import SamplingParams
+
+
+class NewRequestData(msgspec.Struct, array_like=True):
+    """A request the workers see for the first time."""
+
+    request_id: str
+    token_ids: list[int]
+    sampling_params: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int
+
+
+class CachedRequestData(msgspec.Struct, array_like=True):
+    """A request the workers already hold: its new blocks and computed-token count.
+
+    When ``is_resumed`` (re-admitted after preemption), ``new_block_ids`` replaces the
+    request's block table instead of extending it.
+    """
+
+    request_id: str
+    new_block_ids: list[int]
+    num_computed_tokens: int
+    is_resumed: bool = False
+
+
+class SchedulerOutput(msgspec.Struct, array_like=True):
+    """Who runs this step and how many new tokens each computes.
+
+    ``num_scheduled_tokens`` is ordered: the model runner lays the batch out in this order.
+    ``finished_request_ids`` are requests finished or aborted since the last step, whose
+    worker-side state can be dropped.
+    """
+
+    new_requests: list[NewRequestData]
+    cached_requests: list[CachedRequestData]
+    num_scheduled_tokens: dict[str, int]
+    finished_request_ids: list[str]
+    num_preempted: int = 0
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens.values())
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.num_scheduled_tokens
+
+
+class ModelRunnerOutput(msgspec.Struct, array_like=True):
+    """Tokens sampled this step.
+
+    ``sampled_token_ids[request_id]`` holds the new tokens of each request that reached the
+    end of its known tokens this step; a request in the middle of its prompt is absent.
+    """
+
+    sampled_token_ids: dict[str, list[int]]
+
+
+class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
+    """One request's news from one step."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    num_cached_tokens: int = 0
+
+    @property
+    def is_finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class EngineCoreOutputs(msgspec.Struct, array_like=True):
+    outputs: list[EngineCoreOutput] = msgspec.field(default_factory=list)
+
+
+@dataclass
+class CompletionOutput:
+    """One generated sequence (vLLM's field names)."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    cumulative_logprob: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestMetrics:
+    """Timestamps (``time.monotonic()``) of a request's milestones."""
+
+    arrival_time: float
+    first_token_time: float | None = None
+    finished_time: float | None = None
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        if self.first_token_time is None:
+            return None
+        return self.first_token_time - self.arrival_time
+
+
+@dataclass
+class RequestOutput:
+    """What ``LLM.generate`` returns for one prompt (vLLM's field names)."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    num_cached_tokens: int = 0
+    metrics: RequestMetrics | None = field(default=None, repr=False)

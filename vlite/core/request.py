@@ -1,0 +1,111 @@
+"""A request's identity on the wire (EngineCoreRequest) and its live state (Request)."""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+from vlite.core.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    """Where a request is in its life.
+
+    ``WAITING -> RUNNING -> FINISHED_*``; a running request whose blocks are taken back
+    goes ``RUNNING -> PREEMPTED`` and is re-admitted (and its tokens recomputed) later.
+    """
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "finished_stopped"
+    FINISHED_LENGTH_CAPPED = "finished_length_capped"
+    FINISHED_ABORTED = "finished_aborted"
+    FINISHED_ERROR = "finished_error"
+
+    @property
+    def is_finished(self) -> bool:
+        return self in _FINISHED
+
+    @property
+    def finish_reason(self) -> str | None:
+        """vLLM's ``finish_reason`` string, or ``None`` while the request is unfinished."""
+        return _FINISH_REASONS.get(self)
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH_CAPPED: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_ERROR: "error",
+}
+_FINISHED = frozenset(_FINISH_REASONS)
+
+
+class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
+    """What the front end sends the engine core: serializable, no live state."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_id: int | None = None
+    arrival_time: float = 0.0
+    priority: int = 0
+
+
+class Request:
+    """A request's live state inside the engine core.
+
+    The two counters that drive scheduling:
+
+    * ``num_tokens``: prompt tokens plus tokens generated so far.
+    * ``num_computed_tokens``: tokens whose K/V are in the cache. The scheduler computes
+      ``num_tokens - num_computed_tokens`` new tokens for it on its next step.
+    """
+
+    def __init__(self, core_request: EngineCoreRequest) -> None:
+        self.request_id = core_request.request_id
+        self.prompt_token_ids = list(core_request.prompt_token_ids)
+        self.sampling_params = core_request.sampling_params
+        self.eos_token_id = core_request.eos_token_id
+        self.arrival_time = core_request.arrival_time
+        self.priority = core_request.priority
+        self.status = RequestStatus.WAITING
+        self.output_token_ids: list[int] = []
+        self.all_token_ids: list[int] = list(self.prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0
+        self.num_preemptions = 0
+        self.block_ids: list[int] = []
+        self.stop_reason: int | str | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def max_tokens(self) -> int:
+        return self.sampling_params.max_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def append_output_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, {self.status.name}, "
+            f"computed={self.num_computed_tokens}/{self.num_tokens})"
+        )

@@ -1,0 +1,69 @@
+"""Incremental detokenization and stop-string matching for one request."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Tokens decoded before the first new one, so a word-piece gets its leading space right.
+_CONTEXT_TOKENS = 5
+_REPLACEMENT_CHAR = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    """Appends text as tokens arrive, never re-decoding the whole sequence.
+
+    Each step decodes only a short window: ``prefix_offset:`` versus ``prefix_offset:
+    read_offset``; the difference is the new text. Text that ends in an incomplete UTF-8
+    sequence (a replacement character) is held back until the next token completes it.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer.
+        prompt_token_ids: the prompt; its last tokens give the first window its context.
+        stop: stop strings; generation ends at the first one, which is cut from the text.
+    """
+
+    def __init__(self, tokenizer: Any, prompt_token_ids: list[int], stop: list[str]) -> None:
+        self.tokenizer = tokenizer
+        self.stop = stop
+        self.max_stop_len = max((len(s) for s in stop), default=0)
+        self.token_ids = list(prompt_token_ids[-_CONTEXT_TOKENS:])
+        self.prefix_offset = 0
+        self.read_offset = len(self.token_ids)
+        self.text = ""
+        self.stop_string: str | None = None
+
+    def add_tokens(self, new_token_ids: list[int]) -> bool:
+        """Decode new tokens into :attr:`text`; return True when a stop string appeared."""
+        for token_id in new_token_ids:
+            self.token_ids.append(token_id)
+            num_chars_before = len(self.text)
+            self.text += self._decode_next()
+            if self.stop and self._cut_at_stop_string(num_chars_before):
+                return True
+        return False
+
+    def _decode_next(self) -> str:
+        prefix = self._decode(self.token_ids[self.prefix_offset : self.read_offset])
+        full = self._decode(self.token_ids[self.prefix_offset :])
+        if full.endswith(_REPLACEMENT_CHAR) or len(full) <= len(prefix):
+            return ""
+        self.prefix_offset = self.read_offset
+        self.read_offset = len(self.token_ids)
+        return full[len(prefix) :]
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def _cut_at_stop_string(self, num_chars_before: int) -> bool:
+        # A stop string may straddle the new text and the old: search from just before it.
+        search_from = max(0, num_chars_before - self.max_stop_len + 1)
+        found = [
+            (index, stop)
+            for stop in self.stop
+            if (index := self.text.find(stop, search_from)) != -1
+        ]
+        if not found:
+            return False
+        index, self.stop_string = min(found)
+        self.text = self.text[:index]
+        return True

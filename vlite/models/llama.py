@@ -1,0 +1,310 @@
+"""The Llama-family decoder: Llama, Mistral, Qwen2 and Qwen3 in one implementation.
+
+Differences between the four, all read from the Hugging Face config:
+
+- Qwen2 has biases on the q/k/v projections (never on ``o_proj``);
+- Qwen3 applies a per-head RMSNorm (``q_norm``/``k_norm``) to queries and keys before RoPE,
+  and its ``head_dim`` may differ from ``hidden_size // num_attention_heads``;
+- Llama/Qwen3 honour ``attention_bias`` (q/k/v/o) and Llama ``mlp_bias``;
+- embeddings are tied to the LM head when ``tie_word_embeddings`` is set.
+
+For speed q/k/v are one fused ``qkv_proj`` and gate/up one fused ``gate_up_proj``;
+:meth:`LlamaForCausalLM.load_weights` copies each Hugging Face tensor into its slice.
+
+Parameters are created in ``torch.get_default_dtype()`` on the default device:
+:func:`vlite.models.loader.build_model` sets both while constructing. Calling ``.to(dtype)``
+afterwards also works (the RoPE cos/sin cache then follows the dtype).
+
+Sliding-window attention is not implemented. Qwen2/Qwen3 configs with
+``use_sliding_window=True`` are rejected. Mistral's ``sliding_window`` is ignored: outputs are
+exact while contexts stay within the window (the window is exposed as
+:attr:`LlamaForCausalLM.sliding_window` so the engine can cap its context length).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vlite.core.attention import AttentionBackend, AttentionMetadata
+from vlite.core.hookspecs import Register, hookimpl
+from vlite.models.rope import RotaryEmbedding
+
+ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+)
+
+# Hugging Face projection name -> (fused parameter name, shard name).
+_STACKED = {
+    "q_proj": ("qkv_proj", "q"),
+    "k_proj": ("qkv_proj", "k"),
+    "v_proj": ("qkv_proj", "v"),
+    "gate_proj": ("gate_up_proj", "gate"),
+    "up_proj": ("gate_up_proj", "up"),
+}
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm over the last dim, computed in float32 and cast back (as HF)."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[..., size]`` -> ``[..., size]`` in ``x.dtype``."""
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def _is_qwen2(config: Any) -> bool:
+    return getattr(config, "model_type", "") == "qwen2"
+
+
+def _head_dim(config: Any) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def _check_supported(config: Any) -> None:
+    if getattr(config, "use_sliding_window", False):
+        raise ValueError(
+            f"{config.model_type}: use_sliding_window=True is not supported by vlite "
+            "(sliding-window attention is not implemented)"
+        )
+    act = getattr(config, "hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"{config.model_type}: hidden_act={act!r} is not supported (only silu)")
+
+
+class LlamaAttention(nn.Module):
+    """Self-attention: fused qkv projection, optional q/k norm, RoPE, paged attention."""
+
+    def __init__(self, config: Any, attention: AttentionBackend, rotary: RotaryEmbedding):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = _head_dim(config)
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        attention_bias = bool(getattr(config, "attention_bias", False))
+        qkv_bias = True if _is_qwen2(config) else attention_bias
+        o_bias = False if _is_qwen2(config) else attention_bias
+        hidden = config.hidden_size
+        self.qkv_proj = nn.Linear(hidden, self.q_size + 2 * self.kv_size, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, hidden, bias=o_bias)
+        self.has_qk_norm = getattr(config, "model_type", "") == "qwen3"
+        if self.has_qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        # Shared by every layer: one backend object and one RoPE table (a module registered
+        # in several places is moved/cast once by .to()).
+        self.attention = attention
+        self.rotary_emb = rotary
+
+    def shard_slices(self) -> dict[str, slice]:
+        """Rows of ``qkv_proj`` that hold each of q, k, v."""
+        q, kv = self.q_size, self.kv_size
+        return {"q": slice(0, q), "k": slice(q, q + kv), "v": slice(q + kv, q + 2 * kv)}
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        """``hidden`` ``[T, hidden_size]``, ``positions`` ``[T]`` -> ``[T, hidden_size]``."""
+        num_tokens = hidden.shape[0]
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], -1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.has_qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary_emb(positions, q, k)
+        out = self.attention.forward(q, k, v, kv_cache, metadata)  # [T, heads, head_dim]
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+
+class LlamaMLP(nn.Module):
+    """SwiGLU feed-forward with a fused gate/up projection."""
+
+    def __init__(self, config: Any):
+        super().__init__()
+        bias = bool(getattr(config, "mlp_bias", False))
+        self.intermediate_size = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * self.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(self.intermediate_size, config.hidden_size, bias=bias)
+
+    def shard_slices(self) -> dict[str, slice]:
+        """Rows of ``gate_up_proj`` that hold each of gate, up."""
+        n = self.intermediate_size
+        return {"gate": slice(0, n), "up": slice(n, 2 * n)}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[T, hidden_size]`` -> ``[T, hidden_size]``."""
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm block: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``, in HF's order."""
+
+    def __init__(self, config: Any, attention: AttentionBackend, rotary: RotaryEmbedding):
+        super().__init__()
+        self.self_attn = LlamaAttention(config, attention, rotary)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        """``[T, hidden_size]`` -> ``[T, hidden_size]``."""
+        hidden = hidden + self.self_attn(
+            positions, self.input_layernorm(hidden), kv_cache, metadata
+        )
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class LlamaModel(nn.Module):
+    """Embedding, decoder layers and final norm (HF's ``model.`` prefix)."""
+
+    def __init__(self, config: Any, attention: AttentionBackend, rotary: RotaryEmbedding):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, attention, rotary) for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Implements :class:`vlite.core.model.CausalLM` for the four Llama-family architectures.
+
+    Args:
+        hf_config: a ``transformers`` config of model type llama, mistral, qwen2 or qwen3.
+        attn_backend_cls: the attention backend class, instantiated once as
+            :attr:`attention` and shared by every layer.
+        block_size: tokens per KV-cache block.
+    """
+
+    def __init__(
+        self, hf_config: Any, attn_backend_cls: type[AttentionBackend], block_size: int
+    ) -> None:
+        super().__init__()
+        _check_supported(hf_config)
+        self.config = hf_config
+        self.num_layers: int = hf_config.num_hidden_layers
+        self.head_dim = _head_dim(hf_config)
+        self.sliding_window: int | None = getattr(hf_config, "sliding_window", None)
+        self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
+        self.attention: AttentionBackend = attn_backend_cls(
+            hf_config.num_attention_heads,
+            hf_config.num_key_value_heads,
+            self.head_dim,
+            scale=self.head_dim**-0.5,
+            block_size=block_size,
+        )
+        self.rotary_emb = RotaryEmbedding.from_config(hf_config, self.head_dim)
+        self.model = LlamaModel(hf_config, self.attention, self.rotary_emb)
+        if not self.tie_word_embeddings:
+            self.lm_head = nn.Linear(hf_config.hidden_size, hf_config.vocab_size, bias=False)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        """``input_ids``/``positions`` ``[T]`` -> final-normed hidden states ``[T, hidden]``."""
+        if len(kv_caches) != self.num_layers:
+            raise ValueError(f"expected {self.num_layers} KV caches, got {len(kv_caches)}")
+        hidden = self.model.embed_tokens(input_ids)
+        for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
+            hidden = layer(positions, hidden, kv_cache, attn_metadata)
+        return self.model.norm(hidden)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """``[n, hidden_size]`` -> ``[n, vocab_size]`` float32 logits."""
+        weight = (
+            self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
+        )
+        return F.linear(hidden_states, weight).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy Hugging Face-named tensors into the (partly fused) parameters.
+
+        Rotary ``inv_freq`` buffers and, with tied embeddings, ``lm_head.weight`` are
+        skipped. Raises ``ValueError`` for an unknown name, a shape mismatch, or any
+        parameter (or fused shard) left unloaded.
+        """
+        params = dict(self.named_parameters())
+        pending = self._expected_shards()
+        for hf_name, tensor in weights:
+            if "rotary_emb.inv_freq" in hf_name:
+                continue
+            if hf_name == "lm_head.weight" and self.tie_word_embeddings:
+                continue
+            name, shard = _map_name(hf_name)
+            if name not in params:
+                raise ValueError(f"unexpected weight {hf_name!r} for {type(self).__name__}")
+            target = params[name].data
+            if shard is not None:
+                target = target[self._shard_slice(name, shard)]
+            if target.shape != tensor.shape:
+                raise ValueError(
+                    f"weight {hf_name!r} has shape {tuple(tensor.shape)}, "
+                    f"expected {tuple(target.shape)}"
+                )
+            target.copy_(tensor)
+            pending.discard((name, shard))
+        if pending:
+            missing = sorted(f"{n} ({s})" if s else n for n, s in pending)
+            raise ValueError(f"missing weights: {', '.join(missing[:10])} ({len(missing)} total)")
+
+    def _shard_slice(self, param_name: str, shard: str) -> slice:
+        """Rows of a fused parameter (``...qkv_proj.weight`` etc.) that hold ``shard``."""
+        module = self.get_submodule(param_name.rsplit(".", 2)[0])
+        return module.shard_slices()[shard]
+
+    def _expected_shards(self) -> set[tuple[str, str | None]]:
+        """Every ``(parameter name, shard)`` a complete checkpoint must provide."""
+        expected: set[tuple[str, str | None]] = set()
+        for name, _ in self.named_parameters():
+            module_name = name.rsplit(".", 2)[0]
+            if name.rsplit(".", 2)[1] in ("qkv_proj", "gate_up_proj"):
+                shards = self.get_submodule(module_name).shard_slices()
+                expected.update((name, shard) for shard in shards)
+            else:
+                expected.add((name, None))
+        return expected
+
+
+def _map_name(hf_name: str) -> tuple[str, str | None]:
+    """``model.layers.0.self_attn.k_proj.bias`` -> (``...self_attn.qkv_proj.bias``, ``"k"``)."""
+    parts = hf_name.split(".")
+    if len(parts) >= 2 and parts[-2] in _STACKED:
+        fused, shard = _STACKED[parts[-2]]
+        return ".".join([*parts[:-2], fused, parts[-1]]), shard
+    return hf_name, None
+
+
+@hookimpl
+def register_models(register: Register) -> None:
+    for architecture in ARCHITECTURES:
+        register(architecture, LlamaForCausalLM)

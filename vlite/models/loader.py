@@ -1,0 +1,136 @@
+"""Build a model from a Hugging Face folder (config.json + safetensors) or dummy weights."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from vlite.core.attention import AttentionBackend
+
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+
+#: Standard deviation of dummy weights: small enough that activations and logits stay
+#: well-conditioned through many layers, large enough that logits do not tie.
+DUMMY_WEIGHT_STD = 0.02
+DUMMY_SEED = 0
+
+
+def load_hf_config(folder: str | Path) -> Any:
+    """Read ``config.json`` from ``folder`` into a ``transformers.PretrainedConfig``."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(folder))
+
+
+def safetensors_files(folder: str | Path) -> list[Path]:
+    """The checkpoint's ``*.safetensors`` files, via the index file when one is present.
+
+    Raises:
+        FileNotFoundError: the folder holds no safetensors file, or one the index names
+            is absent.
+    """
+    folder = Path(folder)
+    index = folder / SAFETENSORS_INDEX
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = [folder / name for name in sorted(set(weight_map.values()))]
+        absent = [str(f) for f in files if not f.is_file()]
+        if absent:
+            raise FileNotFoundError(f"{index} names missing files: {', '.join(absent)}")
+        return files
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in model folder {folder}")
+    return files
+
+
+def iter_safetensors_weights(folder: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(name, tensor)`` for every tensor of every safetensors file in ``folder``.
+
+    Tensors are read on the CPU in their stored dtype; a progress bar is shown when the
+    checkpoint has more than one file.
+    """
+    files = safetensors_files(folder)
+    if len(files) > 1:
+        from tqdm.auto import tqdm
+
+        files = tqdm(files, desc="Loading safetensors", unit="file")
+    for path in files:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                yield name, f.get_tensor(name)
+
+
+@contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Temporarily set ``torch.get_default_dtype()``."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def init_dummy_weights(model: nn.Module, std: float = DUMMY_WEIGHT_STD, seed: int = DUMMY_SEED):
+    """Deterministically randomise weights: matrices ~ N(0, std), norms 1, biases 0.
+
+    Values are drawn on the CPU from a seeded generator, so they do not depend on the device.
+    """
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    for name, param in model.named_parameters():
+        if name.endswith("bias"):
+            param.data.zero_()
+        elif param.dim() == 1:
+            param.data.fill_(1.0)
+        else:
+            values = torch.randn(param.shape, generator=generator, dtype=torch.float32) * std
+            param.data.copy_(values)
+
+
+def build_model(
+    hf_config: Any,
+    model_cls: type[nn.Module],
+    attn_backend_cls: type[AttentionBackend],
+    *,
+    block_size: int,
+    dtype: torch.dtype,
+    device: str | torch.device,
+    load_format: str = "auto",
+    folder: str | Path | None = None,
+) -> nn.Module:
+    """Construct ``model_cls(hf_config, attn_backend_cls, block_size)`` and fill its weights.
+
+    The model is constructed with ``dtype`` as torch's default dtype and ``device`` as the
+    default device, so parameters are born in place (no later cast or copy).
+
+    Args:
+        load_format: ``"auto"``/``"safetensors"`` read ``folder``; ``"dummy"`` draws
+            deterministic random weights and reads no file.
+        folder: the Hugging Face model folder (required unless ``load_format="dummy"``).
+
+    Returns:
+        The model in eval mode, on ``device``, in ``dtype``, with ``requires_grad=False``.
+    """
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"load_format={load_format!r}; expected one of {LOAD_FORMATS}")
+    if load_format != "dummy" and folder is None:
+        raise ValueError(f"load_format={load_format!r} needs a model folder")
+    device = torch.device(device)
+    with default_dtype(dtype), device, torch.no_grad():
+        model = model_cls(hf_config, attn_backend_cls, block_size)
+    model.requires_grad_(False)
+    with torch.no_grad():
+        if load_format == "dummy":
+            init_dummy_weights(model)
+        else:
+            model.load_weights(iter_safetensors_weights(folder))
+    return model.eval()

@@ -1,0 +1,146 @@
+"""Rotary position embedding (RoPE), "rotate half" (GPT-NeoX) layout as Llama uses it.
+
+The head dimension is split in two halves ``x1 | x2``; pair ``(x1[i], x2[i])`` is rotated by
+angle ``position * inv_freq[i]``. cos/sin are precomputed once in float32 for every position
+up to ``max_position_embeddings`` and looked up by position at each step.
+
+RoPE settings are read from a Hugging Face config in either spelling:
+
+- transformers >= 5: ``config.rope_parameters = {"rope_theta": ..., "rope_type": ..., ...}``
+  (the legacy ``rope_scaling`` attribute is an alias of the same dict, and ``rope_theta``
+  is no longer an attribute of the config);
+- transformers 4.x: ``config.rope_theta`` plus an optional ``config.rope_scaling`` dict.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+_DEFAULT_THETA = 10000.0
+
+
+@dataclass(frozen=True)
+class RopeParameters:
+    """Normalised RoPE settings.
+
+    Attributes:
+        rope_theta: base of the geometric frequency progression.
+        rope_type: ``"default"`` or ``"llama3"``.
+        scaling: the extra keys of the scaling dict (``factor``, ``low_freq_factor``,
+            ``high_freq_factor``, ``original_max_position_embeddings`` for llama3).
+    """
+
+    rope_theta: float
+    rope_type: str
+    scaling: dict[str, Any]
+
+
+def rope_parameters_from_config(config: Any) -> RopeParameters:
+    """Read RoPE settings from a ``transformers`` config of either major version."""
+    params = getattr(config, "rope_parameters", None)
+    if not params:
+        params = dict(getattr(config, "rope_scaling", None) or {})
+        if getattr(config, "rope_theta", None) is not None:
+            params["rope_theta"] = config.rope_theta
+    params = dict(params)
+    if "full_attention" in params and isinstance(params["full_attention"], dict):
+        # Per-layer-type form ({"full_attention": {...}, "sliding_attention": {...}}).
+        params = dict(params["full_attention"])
+    theta = params.pop("rope_theta", None)
+    if theta is None:
+        theta = getattr(config, "rope_theta", None) or _DEFAULT_THETA
+    # Some older checkpoints spell the key "type".
+    legacy_type = params.pop("type", None)
+    rope_type = params.pop("rope_type", None) or legacy_type or "default"
+    partial = params.pop("partial_rotary_factor", None)
+    partial = partial or getattr(config, "partial_rotary_factor", None) or 1.0
+    if partial != 1.0:
+        raise NotImplementedError(f"partial_rotary_factor={partial} is not supported")
+    return RopeParameters(rope_theta=float(theta), rope_type=rope_type, scaling=params)
+
+
+def default_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
+    """``[head_dim // 2]`` float32 inverse frequencies ``theta ** (-2i / head_dim)``."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim
+    return 1.0 / (theta**exponents)
+
+
+def llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
+    """Apply Llama 3.1 frequency scaling to ``[head_dim // 2]`` inverse frequencies.
+
+    Long wavelengths (beyond ``original_max_position_embeddings / low_freq_factor``) are
+    divided by ``factor``; short ones (below ``... / high_freq_factor``) are kept; the band
+    between is interpolated linearly in ``original_max / wavelength``.
+    """
+    factor = float(scaling["factor"])
+    low_freq_factor = float(scaling["low_freq_factor"])
+    high_freq_factor = float(scaling["high_freq_factor"])
+    original_max = float(scaling["original_max_position_embeddings"])
+    low_freq_wavelen = original_max / low_freq_factor
+    high_freq_wavelen = original_max / high_freq_factor
+
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (original_max / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def compute_inv_freq(head_dim: int, rope: RopeParameters) -> torch.Tensor:
+    """``[head_dim // 2]`` float32 inverse frequencies for the configured rope type."""
+    inv_freq = default_inv_freq(head_dim, rope.rope_theta)
+    if rope.rope_type == "default":
+        return inv_freq
+    if rope.rope_type == "llama3":
+        return llama3_inv_freq(inv_freq, rope.scaling)
+    raise NotImplementedError(
+        f"rope_type={rope.rope_type!r} is not supported (supported: 'default', 'llama3')"
+    )
+
+
+class RotaryEmbedding(nn.Module):
+    """Applies RoPE to queries and keys, looking cos/sin up by absolute position.
+
+    The cos/sin cache is a float32, non-persistent buffer of shape
+    ``[max_position_embeddings, head_dim // 2]``; it is cast to the query dtype on use,
+    as transformers does.
+    """
+
+    def __init__(self, head_dim: int, max_position_embeddings: int, rope: RopeParameters):
+        super().__init__()
+        if head_dim % 2 != 0:
+            raise ValueError(f"RoPE needs an even head_dim, got {head_dim}")
+        self.head_dim = head_dim
+        self.max_position_embeddings = max_position_embeddings
+        inv_freq = compute_inv_freq(head_dim, rope)
+        positions = torch.arange(max_position_embeddings, dtype=torch.int64).to(torch.float32)
+        freqs = torch.outer(positions, inv_freq)
+        self.register_buffer("cos_cache", freqs.cos(), persistent=False)
+        self.register_buffer("sin_cache", freqs.sin(), persistent=False)
+
+    @classmethod
+    def from_config(cls, config: Any, head_dim: int) -> RotaryEmbedding:
+        """Build from a Hugging Face config (either rope spelling, see module docstring)."""
+        rope = rope_parameters_from_config(config)
+        return cls(head_dim, config.max_position_embeddings, rope)
+
+    def forward(
+        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate ``query`` ``[T, num_heads, head_dim]`` and ``key`` ``[T, num_kv_heads,
+        head_dim]`` by ``positions`` ``[T]``; returns new tensors of the same shapes."""
+        cos = self.cos_cache[positions].to(query.dtype).unsqueeze(1)  # [T, 1, head_dim // 2]
+        sin = self.sin_cache[positions].to(query.dtype).unsqueeze(1)
+        return _rotate(query, cos, sin), _rotate(key, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x * cos + rotate_half(x) * sin`` on ``[T, heads, head_dim]`` with half-width cos/sin."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

@@ -1,0 +1,119 @@
+"""Turning a SchedulerOutput into the flattened input tensors of one forward pass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from vlite.core.attention import AttentionMetadata
+from vlite.core.sampling_params import SamplingParams
+
+
+@dataclass
+class CachedRequestState:
+    """What a worker remembers about a request between steps.
+
+    ``token_ids`` are all known tokens (prompt and sampled); the worker appends the
+    tokens it samples itself, so the scheduler only sends counters and new blocks.
+    """
+
+    request_id: str
+    token_ids: list[int]
+    sampling_params: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int
+    generator: torch.Generator | None = None
+
+
+@dataclass
+class ModelInputs:
+    """One step's flattened batch.
+
+    Attributes:
+        input_ids: ``[num_tokens]`` int64.
+        positions: ``[num_tokens]`` int64.
+        attn_metadata: block tables, slot mapping, sequence lengths.
+        logits_indices: ``[num_sampled]`` int64: the rows whose logits are sampled (the
+            last token of each sequence that reaches the end of its known tokens).
+        sampled_request_ids: request id of each row of ``logits_indices``.
+    """
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    attn_metadata: AttentionMetadata
+    logits_indices: torch.Tensor
+    sampled_request_ids: list[str]
+
+
+def prepare_inputs(
+    states: list[CachedRequestState],
+    num_scheduled: list[int],
+    block_size: int,
+    device: torch.device,
+) -> ModelInputs:
+    """Lay the scheduled tokens of ``states`` end to end, with positions and cache slots.
+
+    ``num_scheduled[i]`` new tokens of ``states[i]`` are computed, starting at its
+    ``num_computed_tokens``.
+    """
+    num_computed = np.fromiter((s.num_computed_tokens for s in states), np.int64, len(states))
+    query_lens = np.asarray(num_scheduled, dtype=np.int64)
+    seq_lens = num_computed + query_lens
+    query_start_loc = np.zeros(len(states) + 1, dtype=np.int64)
+    np.cumsum(query_lens, out=query_start_loc[1:])
+    num_tokens = int(query_start_loc[-1])
+
+    seq_index = np.repeat(np.arange(len(states)), query_lens)
+    positions = np.arange(num_tokens) - np.repeat(query_start_loc[:-1] - num_computed, query_lens)
+    block_table = _block_table_array(states, seq_lens, block_size)
+    slot_mapping = block_table[seq_index, positions // block_size] * block_size + (
+        positions % block_size
+    )
+    input_ids = _gather_input_ids(states, num_computed, query_lens)
+
+    is_sampled = seq_lens == np.fromiter((len(s.token_ids) for s in states), np.int64, len(states))
+    logits_indices = query_start_loc[1:][is_sampled] - 1
+
+    def to_device(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+        return torch.from_numpy(array).to(device=device, dtype=dtype, non_blocking=True)
+
+    metadata = AttentionMetadata(
+        slot_mapping=to_device(slot_mapping, torch.int64),
+        query_start_loc=to_device(query_start_loc, torch.int32),
+        seq_lens=to_device(seq_lens, torch.int32),
+        block_tables=to_device(block_table, torch.int32),
+        max_query_len=int(query_lens.max()),
+        max_seq_len=int(seq_lens.max()),
+        query_lens_cpu=query_lens.tolist(),
+        seq_lens_cpu=seq_lens.tolist(),
+    )
+    return ModelInputs(
+        input_ids=to_device(input_ids, torch.int64),
+        positions=to_device(positions, torch.int64),
+        attn_metadata=metadata,
+        logits_indices=to_device(logits_indices, torch.int64),
+        sampled_request_ids=[s.request_id for s, yes in zip(states, is_sampled) if yes],
+    )
+
+
+def _block_table_array(
+    states: list[CachedRequestState], seq_lens: np.ndarray, block_size: int
+) -> np.ndarray:
+    """``[num_seqs, max_num_blocks]`` int64, zero-padded."""
+    num_blocks = -(-seq_lens // block_size)
+    table = np.zeros((len(states), int(num_blocks.max())), dtype=np.int64)
+    for row, (state, count) in enumerate(zip(states, num_blocks.tolist())):
+        table[row, :count] = state.block_ids[:count]
+    return table
+
+
+def _gather_input_ids(
+    states: list[CachedRequestState], num_computed: np.ndarray, query_lens: np.ndarray
+) -> np.ndarray:
+    chunks = [
+        state.token_ids[start : start + length]
+        for state, start, length in zip(states, num_computed.tolist(), query_lens.tolist())
+    ]
+    return np.fromiter((t for chunk in chunks for t in chunk), np.int64, int(query_lens.sum()))

@@ -1,0 +1,103 @@
+"""Worker: owns one device, the model (or its shard) and its KV cache."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from vlite.core.config import VliteConfig
+from vlite.core.outputs import ModelRunnerOutput, SchedulerOutput
+from vlite.core.plugins import PluginRegistry
+from vlite.models.loader import build_model
+from vlite.models.spec import ModelSpec
+from vlite.worker.model_runner import ModelRunner
+
+_GIB = 1 << 30
+_DEFAULT_CPU_KV_CACHE_GIB = 2.0
+_CUDA_FREE_MEMORY_FRACTION = 0.9
+
+
+class Worker:
+    """Loads the model, sizes and allocates the KV cache, and runs steps on its device."""
+
+    def __init__(self, config: VliteConfig, registry: PluginRegistry) -> None:
+        self.config = config
+        self.registry = registry
+        self.device = config.torch_device
+        self.dtype = config.torch_dtype
+        self.model_spec = ModelSpec.from_config(config)
+        self.model_runner: ModelRunner | None = None
+        torch.manual_seed(config.seed)
+
+    def load_model(self) -> None:
+        spec = self.model_spec
+        model_cls = self.registry.get("model", spec.architecture)
+        attn_backend_cls = self.registry.get("attention_backend", self.config.attention_backend)
+        _check_backend_supports(attn_backend_cls, self.config.attention_backend, self.dtype)
+        model = build_model(
+            spec.hf_config,
+            model_cls,
+            attn_backend_cls,
+            block_size=self.config.block_size,
+            dtype=self.dtype,
+            device=self.device,
+            load_format=self.config.load_format,
+            folder=spec.folder,
+        )
+        sampler = self.registry.get("sampler", self.config.sampler)()
+        self.model_runner = ModelRunner(model, sampler, self.config.block_size, self.device)
+
+    @property
+    def runner(self) -> ModelRunner:
+        if self.model_runner is None:
+            raise RuntimeError("Worker.load_model() must run before the worker is used")
+        return self.model_runner
+
+    def kv_cache_bytes_per_block(self) -> int:
+        model = self.runner.model
+        shape = model.attention.kv_cache_shape(1)
+        return model.num_layers * int(torch.Size(shape).numel()) * self.dtype.itemsize
+
+    def determine_num_kv_blocks(self) -> int:
+        """``num_kv_blocks`` if set, else what the memory budget holds (capped by need)."""
+        if self.config.num_kv_blocks is not None:
+            return self.config.num_kv_blocks
+        budget = self._kv_cache_budget_bytes()
+        num_blocks = int(budget // self.kv_cache_bytes_per_block())
+        blocks_per_seq = -(-self.model_spec.max_model_len // self.config.block_size)
+        num_blocks = min(num_blocks, blocks_per_seq * self.config.max_num_seqs)
+        if num_blocks < 1:
+            raise ValueError(
+                f"the KV-cache budget of {budget / _GIB:.2f} GiB holds no block of "
+                f"{self.kv_cache_bytes_per_block()} bytes; raise kv_cache_memory_gib"
+            )
+        return num_blocks
+
+    def _kv_cache_budget_bytes(self) -> float:
+        if self.config.kv_cache_memory_gib is not None:
+            return self.config.kv_cache_memory_gib * _GIB
+        if self.device.type == "cuda":
+            free_bytes, _ = torch.cuda.mem_get_info(self.device)
+            return free_bytes * _CUDA_FREE_MEMORY_FRACTION
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        return min(_DEFAULT_CPU_KV_CACHE_GIB * _GIB, available / 4)
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        self.runner.initialize_kv_cache(num_blocks, self.dtype)
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> None:
+        self.runner.execute_model(scheduler_output)
+
+    def sample_tokens(self) -> ModelRunnerOutput:
+        return self.runner.sample_tokens()
+
+
+def _check_backend_supports(backend_cls, name: str, dtype: torch.dtype) -> None:
+    supported = getattr(backend_cls, "supported_dtypes", ())
+    if dtype not in supported:
+        allowed = ", ".join(str(d).removeprefix("torch.") for d in supported)
+        raise ValueError(
+            f"attention backend {name!r} does not support dtype "
+            f"{str(dtype).removeprefix('torch.')}; it supports: {allowed}"
+        )
