@@ -58,8 +58,9 @@ class VliteConfig(BaseSettings):
         None, ge=1, description="KV-cache blocks; overrides kv_cache_memory_gib."
     )
     kv_cache_memory_gib: float | None = Field(
-        None, gt=0, description="Memory for the KV cache; default: 2 GiB on CPU, 90% of "
-        "free memory on CUDA."
+        None,
+        gt=0,
+        description="Memory for the KV cache; default: 2 GiB on CPU, 90% of free memory on CUDA.",
     )
 
     @field_validator("block_size")

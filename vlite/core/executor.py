@@ -35,3 +35,4 @@ class Executor(ABC):
 
     def shutdown(self) -> None:
         """Release workers and their resources. Calling it twice is harmless."""
+        return None

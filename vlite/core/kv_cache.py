@@ -162,10 +162,7 @@ class KVCacheManager:
     def _pop_free_block(self) -> KVCacheBlock:
         block_id, _ = self._free_queue.popitem(last=False)
         block = self.blocks[block_id]
-        if block.block_hash is not None:  # evict: its contents are about to be overwritten
-            if self._cached_blocks.get(block.block_hash) is block:
-                del self._cached_blocks[block.block_hash]
-            block.block_hash = None
+        self._uncache(block)  # evict: its contents are about to be overwritten
         block.ref_count = 1
         return block
 
@@ -182,18 +179,35 @@ class KVCacheManager:
 
     # ---- freeing -------------------------------------------------------------------
 
-    def free(self, request: Request) -> None:
+    def free(self, request: Request, num_computed_tokens: int | None = None) -> None:
         """Drop the request's references; its unshared blocks become free.
 
         Blocks are queued tail-first, so a request's last blocks (the least likely to be
         shared) are evicted before its first ones. Freeing twice is a no-op.
+
+        Blocks are published to the prefix cache when allocated, before the step that
+        fills them runs. A request preempted in the very step that allocated them passes
+        ``num_computed_tokens``: its blocks past that point were never written, so they
+        leave the prefix cache instead of serving garbage to a later hit.
         """
         blocks = self._request_blocks.pop(request.request_id, [])
         self._request_hashes.pop(request.request_id, None)
-        for block in reversed(blocks):
+        num_valid_blocks = len(blocks)
+        if num_computed_tokens is not None:
+            num_valid_blocks = num_computed_tokens // self.block_size
+        for index in range(len(blocks) - 1, -1, -1):
+            block = blocks[index]
             block.ref_count -= 1
             if block.ref_count == 0:
+                if index >= num_valid_blocks:
+                    self._uncache(block)
                 self._free_queue[block.block_id] = None
+
+    def _uncache(self, block: KVCacheBlock) -> None:
+        if block.block_hash is not None:
+            if self._cached_blocks.get(block.block_hash) is block:
+                del self._cached_blocks[block.block_hash]
+            block.block_hash = None
 
     def reset_prefix_cache_stats(self) -> None:
         self.num_prefix_hit_tokens = 0

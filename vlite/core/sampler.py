@@ -1,4 +1,4 @@
-"""The sampler interface and the per-step sampling inputs (registered with ``register_samplers``)."""
+"""The sampler interface and the per-step sampling inputs (``register_samplers``)."""
 
 from __future__ import annotations
 

@@ -148,7 +148,7 @@ class Scheduler(ABC):
             new_block_ids = self._allocate_or_preempt(request, num_new, step)
             if new_block_ids is None:
                 continue
-            request.block_ids += new_block_ids
+            request.block_ids = request.block_ids + new_block_ids
             step.cached_requests.append(
                 CachedRequestData(request.request_id, new_block_ids, request.num_computed_tokens)
             )
@@ -170,7 +170,7 @@ class Scheduler(ABC):
         """Take a running request's blocks back; it waits and is recomputed later."""
         self.running.remove(request)
         step.unschedule(request)
-        self.kv_cache_manager.free(request)
+        self.kv_cache_manager.free(request, num_computed_tokens=request.num_computed_tokens)
         request.block_ids = []
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
@@ -201,7 +201,7 @@ class Scheduler(ABC):
     ) -> None:
         is_resumed = request.status is RequestStatus.PREEMPTED
         request.status = RequestStatus.RUNNING
-        request.block_ids = block_ids
+        request.block_ids = list(block_ids)
         request.num_computed_tokens = num_cached
         request.num_cached_tokens = max(request.num_cached_tokens, num_cached)
         self.running.append(request)
@@ -280,4 +280,6 @@ class _StepPlan:
         """Drop a request scheduled earlier in this step (a policy preempted it)."""
         num_tokens = self.num_scheduled_tokens.pop(request.request_id, 0)
         self.budget += num_tokens
-        self.cached_requests = [c for c in self.cached_requests if c.request_id != request.request_id]
+        self.cached_requests = [
+            c for c in self.cached_requests if c.request_id != request.request_id
+        ]

@@ -62,8 +62,7 @@ class LLMEngine:
         if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
         raise TypeError(
-            f"prompt={prompt!r:.80} is invalid: expected a string or a dict with "
-            "'prompt_token_ids'"
+            f"prompt={prompt!r:.80} is invalid: expected a string or a dict with 'prompt_token_ids'"
         )
 
     def abort_requests(self, request_ids: list[str]) -> None:

@@ -75,16 +75,24 @@ class OutputProcessor:
                 state.metrics.first_token_time = now
             state.token_ids += output.new_token_ids
             state.num_cached_tokens = output.num_cached_tokens
-            if state.detokenizer.add_tokens(output.new_token_ids) and finish_reason is None:
+            if state.detokenizer.add_tokens(_tokens_to_detokenize(output)):
+                if finish_reason is None:
+                    to_stop.append(output.request_id)
                 finish_reason = RequestStatus.FINISHED_STOPPED.finish_reason
                 stop_reason = state.detokenizer.stop_string
-                to_stop.append(output.request_id)
             if finish_reason is not None:
                 state.metrics.finished_time = now
                 del self._states[output.request_id]
             if finish_reason is not None or emit_unfinished:
                 request_outputs.append(_make_request_output(state, finish_reason, stop_reason))
         return ProcessedOutputs(request_outputs, to_stop)
+
+
+def _tokens_to_detokenize(output: EngineCoreOutput) -> list[int]:
+    """The new tokens whose text is shown: a stopping token (EOS or a stop token id) is not."""
+    if output.finish_reason == RequestStatus.FINISHED_STOPPED.finish_reason:
+        return output.new_token_ids[:-1]
+    return output.new_token_ids
 
 
 def _make_request_output(

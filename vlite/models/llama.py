@@ -241,22 +241,20 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """``[n, hidden_size]`` -> ``[n, vocab_size]`` float32 logits."""
-        weight = (
-            self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
-        )
+        weight = self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
         return F.linear(hidden_states, weight).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy Hugging Face-named tensors into the (partly fused) parameters.
 
-        Rotary ``inv_freq`` buffers and, with tied embeddings, ``lm_head.weight`` are
-        skipped. Raises ``ValueError`` for an unknown name, a shape mismatch, or any
-        parameter (or fused shard) left unloaded.
+        Rotary buffers (``rotary_emb.inv_freq`` and the like) and, with tied embeddings,
+        ``lm_head.weight`` are skipped. Raises ``ValueError`` for an unknown name, a shape
+        mismatch, or any parameter (or fused shard) left unloaded.
         """
         params = dict(self.named_parameters())
         pending = self._expected_shards()
         for hf_name, tensor in weights:
-            if "rotary_emb.inv_freq" in hf_name:
+            if "rotary_emb." in hf_name:  # inv_freq / cos / sin caches: recomputed here
                 continue
             if hf_name == "lm_head.weight" and self.tie_word_embeddings:
                 continue

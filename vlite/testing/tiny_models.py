@@ -110,7 +110,7 @@ def make_tiny_config(
         num_key_value_heads=num_kv_heads,
         tie_word_embeddings=tie_word_embeddings,
         architectures=[architecture],
-        torch_dtype="float32",
+        dtype="float32",
     )
     fields.update(kw)
     return config_cls(**fields)

@@ -73,6 +73,7 @@ class TorchAttentionBackend(AttentionBackend):
         num_kv_heads, head_dim = kv_cache.shape[-2:]
         key_slots = kv_cache[0].view(-1, num_kv_heads, head_dim)  # [num_slots, kv_heads, dim]
         value_slots = kv_cache[1].view(-1, num_kv_heads, head_dim)
+        slot_mapping = slot_mapping.long()  # no-op for the documented int64
         key_slots.index_copy_(0, slot_mapping, key.to(kv_cache.dtype))
         value_slots.index_copy_(0, slot_mapping, value.to(kv_cache.dtype))
 

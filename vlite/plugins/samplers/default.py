@@ -62,9 +62,7 @@ def apply_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
-def exponential_noise(
-    probs: torch.Tensor, generators: dict[int, torch.Generator]
-) -> torch.Tensor:
+def exponential_noise(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
     """``[n, vocab]`` samples of Exp(1); seeded rows use their own generators."""
     noise = torch.empty_like(probs).exponential_()
     for row, generator in generators.items():

