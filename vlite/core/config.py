@@ -1,17 +1,31 @@
-"""VliteConfig: every engine setting, validated once, from defaults, environment and kwargs.
+"""VliteConfig: every engine setting, validated once, from four sources.
 
-Precedence: defaults < ``VLITE_*`` environment variables < keyword arguments
-(``LLM(...)``). Settings are flat, with vLLM's names, so ``LLM(max_num_seqs=8)``,
-``VLITE_MAX_NUM_SEQS=8`` and (later) ``--max-num-seqs 8`` all mean the same thing.
+Precedence: defaults < a TOML config file < ``VLITE_*`` environment variables < keyword
+arguments (``LLM(...)``) or command-line flags. Settings are flat, with vLLM's names, so
+``max_num_seqs = 8`` in the file, ``VLITE_MAX_NUM_SEQS=8`` and ``--max-num-seqs 8`` all
+mean the same thing.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import os
+import sys
+from pathlib import Path
+from typing import Any, Literal
 
 import torch
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -20,12 +34,13 @@ DTYPES: dict[str, torch.dtype] = {
 }
 
 _DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+ENV_PREFIX = "VLITE_"
 
 
 class VliteConfig(BaseSettings):
     """The engine's configuration. Invalid values raise at construction, naming the field."""
 
-    model_config = SettingsConfigDict(env_prefix="VLITE_", extra="forbid", frozen=True)
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True)
 
     model: str | None = Field(None, description="Hugging Face folder of the model to serve.")
     tokenizer: str | None = Field(None, description="Tokenizer folder; default: the model's.")
@@ -67,7 +82,7 @@ class VliteConfig(BaseSettings):
     @classmethod
     def _block_size_is_power_of_two(cls, value: int) -> int:
         if value & (value - 1):
-            raise ValueError(f"block_size={value} must be a power of two")
+            raise ValueError("must be a power of two")
         return value
 
     @property
@@ -86,3 +101,61 @@ class VliteConfig(BaseSettings):
         if self.max_num_batched_tokens is not None:
             return self.max_num_batched_tokens
         return max(_DEFAULT_MAX_NUM_BATCHED_TOKENS, max_model_len)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: tuple[PydanticBaseSettingsSource, ...] = (init_settings, env_settings)
+        if settings_cls.model_config.get("toml_file"):
+            sources += (TomlConfigSettingsSource(settings_cls),)
+        return sources
+
+    @classmethod
+    def load(cls, config_file: str | Path | None = None, **overrides: Any) -> VliteConfig:
+        """Build the config from ``config_file`` (TOML), the environment and ``overrides``.
+
+        ``overrides`` whose value is ``None`` are treated as not given.
+        """
+        given = {name: value for name, value in overrides.items() if value is not None}
+        if config_file is None:
+            return cls(**given)
+        path = Path(config_file)
+        read_toml_file(path)  # fail early, naming the file
+        with_file = type(
+            cls.__name__, (cls,), {"model_config": {**cls.model_config, "toml_file": path}}
+        )
+        return with_file(**given)
+
+
+def read_toml_file(path: Path) -> dict[str, Any]:
+    """The TOML file's table; errors name the file."""
+    try:
+        with path.open("rb") as file:
+            return tomllib.load(file)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"config file {str(path)!r} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+
+
+def describe_sources(config_file: str | Path | None, overrides: dict[str, Any]) -> dict[str, str]:
+    """Where each field's effective value came from: default, config file, environment, flag."""
+    file_values = read_toml_file(Path(config_file)) if config_file else {}
+    environ = {key.upper() for key in os.environ}
+    origins = {}
+    for name in VliteConfig.model_fields:
+        if overrides.get(name) is not None:
+            origins[name] = "flag"
+        elif f"{ENV_PREFIX}{name.upper()}" in environ:
+            origins[name] = "environment"
+        elif name in file_values:
+            origins[name] = "config file"
+        else:
+            origins[name] = "default"
+    return origins

@@ -30,9 +30,16 @@ class LLM:
     """
 
     def __init__(
-        self, model: str | None = None, *, registry: PluginRegistry | None = None, **kwargs: Any
+        self,
+        model: str | None = None,
+        *,
+        config: VliteConfig | None = None,
+        registry: PluginRegistry | None = None,
+        **kwargs: Any,
     ) -> None:
-        self.config = VliteConfig(model=model, **kwargs)
+        if config is not None and (model is not None or kwargs):
+            raise ValueError("pass either config=VliteConfig(...) or keyword settings, not both")
+        self.config = config or VliteConfig(model=model, **kwargs)
         self.llm_engine = LLMEngine(self.config, registry)
 
     def get_tokenizer(self) -> Any:
@@ -74,6 +81,24 @@ class LLM:
         except BaseException:
             engine.abort_requests(request_ids)
             raise
+
+    def chat(
+        self,
+        messages: list[dict[str, str]] | Sequence[list[dict[str, str]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate replies to conversations, formatted with the model's chat template.
+
+        Args:
+            messages: one conversation (a list of ``{"role": ..., "content": ...}``) or a
+                list of conversations.
+            sampling_params: as for :meth:`generate`.
+        """
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [self.llm_engine.apply_chat_template(list(c)) for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def _run_until_done(self, request_ids: list[str], show_progress: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}

@@ -65,6 +65,16 @@ class LLMEngine:
             f"prompt={prompt!r:.80} is invalid: expected a string or a dict with 'prompt_token_ids'"
         )
 
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> dict[str, Any]:
+        """A prompt dict (text and token ids) for a conversation, ready for a reply."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError("the model's tokenizer has no chat template; send plain prompts")
+        text = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False
+        )
+        token_ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return {"prompt": text, "prompt_token_ids": token_ids}
+
     def abort_requests(self, request_ids: list[str]) -> None:
         self.engine_core.abort_requests(request_ids)
         self.output_processor.abort_requests(request_ids)

@@ -1,0 +1,164 @@
+"""The ``vlite`` CLI through click's runner and as a subprocess, on a tiny model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from vlite.cli.main import cli
+from vlite.testing.tiny_models import make_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> str:
+    return str(make_tiny_model(tmp_path_factory.mktemp("cli-model"), "LlamaForCausalLM"))
+
+
+def invoke(*args: str, input: str | None = None, env: dict | None = None):
+    return CliRunner().invoke(cli, list(args), input=input, env=env)
+
+
+def test_run_prints_each_completion_and_a_summary(tiny_model):
+    result = invoke("run", "--model", tiny_model, "Hello", "The quick brown", "--max-tokens", "5")
+    assert result.exit_code == 0, result.output
+    assert "[0] Hello" in result.stdout
+    assert "[1] The quick brown" in result.stdout
+    summary = result.stderr.strip().splitlines()[-1]
+    assert summary.startswith("2 requests, ")
+    assert "10 output tokens" in summary
+    assert "output tokens/s" in summary and "mean TTFT" in summary
+
+
+def test_run_json_prints_one_parsable_object_per_request(tiny_model):
+    result = invoke("run", "--model", tiny_model, "--json", "a", "b", "c", "--max-tokens", "3")
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r["prompt"] for r in records] == ["a", "b", "c"]
+    assert all(r["num_output_tokens"] == 3 and len(r["token_ids"]) == 3 for r in records)
+    assert all(r["finish_reason"] in ("length", "stop") for r in records)
+
+
+def test_run_reads_jsonl_with_per_request_fields(tiny_model, tmp_path):
+    lines = [
+        {"prompt": "one", "max_tokens": 2, "ignore_eos": True},
+        {"prompt": "two", "max_tokens": 4, "ignore_eos": True, "priority": 1},
+    ]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    result = invoke("run", "--model", tiny_model, "--input", str(path), "--json")
+    assert result.exit_code == 0, result.output
+    counts = [json.loads(line)["num_output_tokens"] for line in result.stdout.splitlines()]
+    assert counts == [2, 4]
+
+
+def test_run_reads_plain_lines_from_stdin(tiny_model):
+    result = invoke(
+        "run", "--model", tiny_model, "--json", "--max-tokens", "2", input="first\n\nsecond\n"
+    )
+    assert result.exit_code == 0, result.output
+    prompts = [json.loads(line)["prompt"] for line in result.stdout.splitlines()]
+    assert prompts == ["first", "second"]
+
+
+def test_run_chat_applies_the_chat_template(tiny_model):
+    result = invoke(
+        "run", "--model", tiny_model, "--chat", "--json", "--max-tokens", "2", "Hi there"
+    )
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    # The tiny template wraps the message in "<|user|>\n...\n<|assistant|>\n".
+    assert record["num_prompt_tokens"] > 4
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--scheduler", "nope"], "unknown scheduler 'nope'; available: fcfs"),
+        (["--attn", "nope"], "unknown attention_backend 'nope'; available:"),
+        (["--block-size", "3"], "invalid block_size=3: must be a power of two"),
+        (["--temperature", "-1"], "SamplingParams.temperature=-1.0 is invalid"),
+        (["--max-model-len", "100000"], "exceeds the model's max_position_embeddings=512"),
+    ],
+)
+def test_bad_flags_fail_with_a_one_line_error(tiny_model, args, message):
+    result = invoke("run", "--model", tiny_model, *args, "x")
+    assert result.exit_code != 0
+    assert "Traceback" not in result.output
+    error_lines = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert len(error_lines) == 1 and message in error_lines[0], result.stderr
+
+
+def test_missing_model_folder_is_a_clear_error(tmp_path):
+    result = invoke("run", "--model", str(tmp_path / "absent"), "x")
+    assert result.exit_code != 0
+    assert "Traceback" not in result.output
+
+
+def test_run_as_a_subprocess(tiny_model):
+    completed = subprocess.run(
+        [sys.executable, "-m", "vlite", "run", "--model", tiny_model, "--json", "hi"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert json.loads(completed.stdout)["prompt"] == "hi"
+
+
+def test_bad_flag_as_a_subprocess_exits_nonzero_without_traceback(tiny_model):
+    completed = subprocess.run(
+        [sys.executable, "-m", "vlite", "run", "--model", tiny_model, "--tp", "0", "x"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert completed.returncode != 0
+    assert "Traceback" not in completed.stderr
+    assert "tensor_parallel_size" in completed.stderr
+
+
+def test_plugins_list_shows_every_builtin():
+    result = invoke("plugins", "list")
+    assert result.exit_code == 0, result.output
+    rows = [line.split() for line in result.stdout.splitlines()[1:]]
+    kinds_and_names = {(row[0], row[1]) for row in rows}
+    assert ("scheduler", "fcfs") in kinds_and_names
+    assert ("attention_backend", "torch") in kinds_and_names
+    assert ("model", "Qwen3ForCausalLM") in kinds_and_names
+    assert all(row[2] == "vlite" for row in rows)
+
+
+def show(*args: str, env: dict | None = None) -> dict[str, tuple[str, str]]:
+    result = invoke("config", "show", *args, env=env)
+    assert result.exit_code == 0, result.output
+    values = {}
+    for line in result.stdout.splitlines():
+        name, value, *_ = line.split()
+        values[name] = (value, line.rsplit("(", 1)[1].rstrip(")"))
+    return values
+
+
+def test_config_precedence_file_then_environment_then_flag(tmp_path):
+    path = tmp_path / "vlite.toml"
+    path.write_text("max_num_seqs = 7\nblock_size = 32\nscheduler = 'fcfs'\n")
+    assert show()["max_num_seqs"] == ("256", "default")
+    assert show("--config", str(path))["max_num_seqs"] == ("7", "config file")
+    env = {"VLITE_MAX_NUM_SEQS": "9"}
+    assert show("--config", str(path), env=env)["max_num_seqs"] == ("9", "environment")
+    assert show("--config", str(path), "--max-num-seqs", "11", env=env)["max_num_seqs"] == (
+        "11",
+        "flag",
+    )
+    assert show("--config", str(path), env=env)["block_size"] == ("32", "config file")
+
+
+def test_config_file_errors_name_the_file(tmp_path):
+    path = tmp_path / "broken.toml"
+    path.write_text("max_num_seqs = \n")
+    result = invoke("config", "show", "--config", str(path))
+    assert result.exit_code != 0
+    assert str(path) in result.stderr and "not valid TOML" in result.stderr

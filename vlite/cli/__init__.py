@@ -1,0 +1,1 @@
+"""The ``vlite`` command-line interface (click)."""

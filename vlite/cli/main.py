@@ -1,0 +1,37 @@
+"""The ``vlite`` command: ``run``, ``plugins``, ``config``, and commands plugins add."""
+
+from __future__ import annotations
+
+import click
+
+from vlite import __version__
+from vlite.cli.config_cmd import config_group
+from vlite.cli.plugins_cmd import plugins_group
+from vlite.cli.run import run_command
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="vlite")
+def cli() -> None:
+    """vlite: a small, fast, plugin-architected LLM inference engine.
+
+    Run `vlite run "Hello"` to generate with the default model (SmolLM2-135M-Instruct),
+    and `vlite COMMAND --help` for each command's options.
+    """
+
+
+cli.add_command(run_command)
+cli.add_command(plugins_group)
+cli.add_command(config_group)
+
+
+def main() -> None:
+    """Console-script entry point: adds plugin commands, then runs the CLI."""
+    from vlite.core.plugins import PluginError, build_plugin_manager
+
+    try:
+        pm = build_plugin_manager()
+    except PluginError as exc:
+        raise SystemExit(f"Error: {exc}") from None
+    pm.hook.register_cli_commands(cli=cli)
+    cli(prog_name="vlite")

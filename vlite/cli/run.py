@@ -1,0 +1,188 @@
+"""``vlite run``: generate completions for prompts from arguments, a file or stdin."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import click
+
+from vlite.cli.options import build_config, engine_options, pop_engine_overrides
+from vlite.core.outputs import RequestOutput
+from vlite.core.sampling_params import SamplingParams
+
+#: JSONL fields that set a request's own sampling options.
+SAMPLING_FIELDS = (
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+)
+
+
+@dataclass
+class PromptSpec:
+    """One request read from the command line, ``--input`` or stdin."""
+
+    prompt: str
+    sampling: dict[str, Any] = field(default_factory=dict)
+    priority: int = 0
+
+
+@click.command("run")
+@click.argument("prompts", nargs=-1)
+@click.option(
+    "--input",
+    "input_file",
+    type=click.File("r"),
+    help="File of prompts: plain lines, or JSONL with 'prompt' and optional per-request "
+    "fields (max_tokens, temperature, top_p, top_k, seed, stop, stop_token_ids, "
+    "ignore_eos, priority). '-' reads stdin.",
+)
+@click.option("--chat", is_flag=True, help="Send each prompt as a user message (chat template).")
+@click.option("--max-tokens", type=int, default=64, show_default=True, help="New tokens each.")
+@click.option(
+    "--temperature", type=float, default=0.0, show_default=True, help="0 decodes greedily."
+)
+@click.option("--top-p", type=float, default=1.0, show_default=True)
+@click.option("--top-k", type=int, default=0, show_default=True, help="0 keeps every token.")
+@click.option("--stop", multiple=True, help="Stop string (repeatable); cut from the output.")
+@click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per request.")
+@engine_options
+def run_command(prompts, input_file, chat, as_json, config_file, **options):
+    """Generate completions for PROMPTS (or --input FILE, or lines on stdin).
+
+    \b
+    Examples:
+      vlite run "The capital of France is"
+      vlite run --chat "Tell me a joke." --max-tokens 48
+      vlite run --input prompts.jsonl --json --scheduler fcfs --attn torch
+    """
+    overrides = pop_engine_overrides(options)
+    defaults = _default_sampling(options)
+    specs = _read_prompts(prompts, input_file)
+    config = build_config(config_file, overrides)
+    params = [_sampling_params(defaults, spec.sampling) for spec in specs]
+
+    from vlite.engine.llm import LLM
+
+    llm = _construct(LLM, config)
+    inputs = [_to_engine_prompt(llm, spec.prompt, chat) for spec in specs]
+    start = time.perf_counter()
+    outputs = llm.generate(inputs, params, priority=[spec.priority for spec in specs])
+    elapsed = time.perf_counter() - start
+    for index, output in enumerate(outputs):
+        click.echo(_format_output(index, specs[index].prompt, output, as_json))
+    click.echo(summary_line(outputs, elapsed), err=True)
+
+
+def _default_sampling(options: dict[str, Any]) -> dict[str, Any]:
+    defaults = {name: options.pop(name) for name in list(options) if name in SAMPLING_FIELDS}
+    defaults["stop"] = list(defaults.get("stop") or [])
+    return defaults
+
+
+def _sampling_params(defaults: dict[str, Any], own: dict[str, Any]) -> SamplingParams:
+    try:
+        return SamplingParams(**{**defaults, **own})
+    except (ValueError, TypeError) as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def _construct(llm_cls, config):
+    try:
+        return llm_cls(config=config)
+    except (ValueError, FileNotFoundError, ImportError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _read_prompts(prompts: tuple[str, ...], input_file) -> list[PromptSpec]:
+    if prompts and input_file:
+        raise click.UsageError("give prompts as arguments or with --input, not both")
+    if prompts:
+        return [PromptSpec(p) for p in prompts]
+    if input_file is None:
+        if sys.stdin.isatty():
+            raise click.UsageError("no prompts: pass PROMPTS, --input FILE, or pipe lines on stdin")
+        input_file = sys.stdin
+    specs = [
+        _parse_line(line, number) for number, line in enumerate(input_file, start=1) if line.strip()
+    ]
+    if not specs:
+        raise click.UsageError("the input holds no prompts")
+    return specs
+
+
+def _parse_line(line: str, number: int) -> PromptSpec:
+    text = line.rstrip("\n")
+    if not text.lstrip().startswith("{"):
+        return PromptSpec(text)
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise click.UsageError(f"input line {number} is not valid JSON: {exc}") from None
+    if not isinstance(record.get("prompt"), str):
+        raise click.UsageError(f"input line {number} has no string field 'prompt'")
+    unknown = set(record) - {"prompt", "priority", *SAMPLING_FIELDS}
+    if unknown:
+        allowed = ", ".join(("prompt", "priority", *SAMPLING_FIELDS))
+        raise click.UsageError(
+            f"input line {number} has unknown fields {sorted(unknown)}; allowed: {allowed}"
+        )
+    sampling = {k: v for k, v in record.items() if k in SAMPLING_FIELDS}
+    return PromptSpec(record["prompt"], sampling, int(record.get("priority", 0)))
+
+
+def _to_engine_prompt(llm, prompt: str, chat: bool) -> str | dict[str, Any]:
+    if not chat:
+        return prompt
+    try:
+        return llm.llm_engine.apply_chat_template([{"role": "user", "content": prompt}])
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _format_output(index: int, prompt: str, output: RequestOutput, as_json: bool) -> str:
+    completion = output.outputs[0]
+    if as_json:
+        ttft = output.metrics.time_to_first_token if output.metrics else None
+        return json.dumps(
+            {
+                "index": index,
+                "prompt": prompt,
+                "text": completion.text,
+                "token_ids": completion.token_ids,
+                "finish_reason": completion.finish_reason,
+                "num_prompt_tokens": len(output.prompt_token_ids),
+                "num_output_tokens": len(completion.token_ids),
+                "num_cached_tokens": output.num_cached_tokens,
+                "ttft_s": ttft,
+            }
+        )
+    header = click.style(f"[{index}] {prompt}", bold=True)
+    return f"{header}\n{completion.text}\n"
+
+
+def summary_line(outputs: list[RequestOutput], elapsed: float) -> str:
+    """Requests, prompt and output tokens, wall time, output tokens/s, mean TTFT."""
+    num_prompt = sum(len(o.prompt_token_ids) for o in outputs)
+    num_output = sum(len(o.outputs[0].token_ids) for o in outputs)
+    ttfts = [
+        o.metrics.time_to_first_token
+        for o in outputs
+        if o.metrics and o.metrics.time_to_first_token is not None
+    ]
+    mean_ttft = sum(ttfts) / len(ttfts) if ttfts else float("nan")
+    return (
+        f"{len(outputs)} requests, {num_prompt} prompt tokens, {num_output} output tokens "
+        f"in {elapsed:.2f} s: {num_output / max(elapsed, 1e-9):.1f} output tokens/s, "
+        f"mean TTFT {mean_ttft * 1000:.0f} ms"
+    )
