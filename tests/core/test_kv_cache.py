@@ -204,6 +204,9 @@ def test_prefix_hit_returns_the_first_two_full_blocks():
     hits = kv.find_cached_prefix(second)
 
     assert [block.block_id for block in hits] == first_blocks[:2]
+    # A lookup alone counts nothing: only admissions are counted (by the scheduler).
+    assert kv.num_prefix_hit_tokens == kv.num_prefix_queried_tokens == 0
+    kv.record_prefix_lookup(second.num_tokens, len(hits) * BLOCK_SIZE)
     assert kv.num_prefix_hit_tokens == 8
     assert kv.num_prefix_queried_tokens == 11
 

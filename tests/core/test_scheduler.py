@@ -320,6 +320,9 @@ def test_prefix_cache_hit_reduces_the_scheduled_tokens_of_a_second_request(make_
     assert b.num_cached_tokens == 16
     assert result.outputs["b"].num_cached_tokens == 16
     assert [engine.kv.blocks[i].ref_count for i in a_blocks[:5]] == [2, 2, 2, 2, 1]
+    # Each admission is counted once: a's 20 tokens (no hit), then b's 20 (16 hit).
+    assert engine.kv.num_prefix_queried_tokens == 40
+    assert engine.kv.num_prefix_hit_tokens == 16
 
 
 def test_without_prefix_caching_the_second_request_computes_its_whole_prompt(make_engine):

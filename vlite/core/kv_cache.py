@@ -107,9 +107,13 @@ class KVCacheManager:
             if block is None:
                 break
             hits.append(block)
-        self.num_prefix_queried_tokens += request.num_tokens
-        self.num_prefix_hit_tokens += len(hits) * self.block_size
         return hits
+
+    def record_prefix_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
+        """Count an admitted request's prefix-cache lookup (queried and hit tokens)."""
+        if self.enable_prefix_caching:
+            self.num_prefix_queried_tokens += num_tokens
+            self.num_prefix_hit_tokens += num_hit_tokens
 
     def _ensure_hashes(self, request: Request, num_full_blocks: int) -> list[BlockHash]:
         hashes = self._request_hashes.setdefault(request.request_id, [])

@@ -204,6 +204,7 @@ class Scheduler(ABC):
         request.block_ids = list(block_ids)
         request.num_computed_tokens = num_cached
         request.num_cached_tokens = max(request.num_cached_tokens, num_cached)
+        self.kv_cache_manager.record_prefix_lookup(request.num_tokens, num_cached)
         self.running.append(request)
         if is_resumed:
             step.cached_requests.append(
