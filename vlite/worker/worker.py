@@ -43,7 +43,7 @@ class Worker:
             dtype=self.dtype,
             device=self.device,
             load_format=self.config.load_format,
-            folder=spec.folder,
+            weights=spec.iter_weights(),
         )
         sampler = self.registry.get("sampler", self.config.sampler)()
         self.model_runner = ModelRunner(model, sampler, self.config.block_size, self.device)
