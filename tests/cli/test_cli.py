@@ -162,3 +162,10 @@ def test_config_file_errors_name_the_file(tmp_path):
     result = invoke("config", "show", "--config", str(path))
     assert result.exit_code != 0
     assert str(path) in result.stderr and "not valid TOML" in result.stderr
+
+
+def test_run_with_the_default_model_prints_english():
+    result = invoke("run", "The capital of France is", "--max-tokens", "6")
+    assert result.exit_code == 0, result.output
+    completion = result.stdout.split("\n", 1)[1]
+    assert "Paris" in completion
