@@ -51,6 +51,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--hf-batch-size", type=int, default=16)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        help="default: float32 on CPU, bfloat16 on CUDA",
+    )
     parser.add_argument(
         "--skip-continuous", action="store_true", help="Skip transformers' continuous batching."
     )
@@ -96,10 +102,10 @@ def make_workload(args: argparse.Namespace, vocab_size: int) -> Workload:
     return Workload(prompts, output_lens)
 
 
-def run_vlite(model: str | None, workload: Workload) -> float:
+def run_vlite(model: str | None, workload: Workload, device: str, dtype: str) -> float:
     from vlite import LLM, SamplingParams
 
-    llm = LLM(model=model, dtype="float32")
+    llm = LLM(model=model, dtype=dtype, device=device)
     params = [
         SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in workload.output_lens
     ]
@@ -113,17 +119,27 @@ def run_vlite(model: str | None, workload: Workload) -> float:
     return elapsed
 
 
-def run_hf_static(folder: Path, workload: Workload, batch_size: int) -> float:
+def load_hf_model(folder: Path, device: str, dtype: str):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype))
+    return model.to(device).eval()
+
+
+def run_hf_static(
+    folder: Path, workload: Workload, batch_size: int, device: str, dtype: str
+) -> float:
+    model = load_hf_model(folder, device, dtype)
     model.generation_config.eos_token_id = None
     pad_id = model.config.pad_token_id or 0
+    warm_up = torch.tensor([workload.prompts[0][:8]], device=device)
+    with torch.inference_mode():
+        model.generate(warm_up, max_new_tokens=2, do_sample=False, pad_token_id=pad_id)
     start = time.perf_counter()
     for first in range(0, len(workload.prompts), batch_size):
         batch = workload.prompts[first : first + batch_size]
         max_new = max(workload.output_lens[first : first + batch_size])
-        input_ids, attention_mask = left_pad(batch, pad_id)
+        input_ids, attention_mask = (t.to(device) for t in left_pad(batch, pad_id))
         with torch.inference_mode():
             model.generate(
                 input_ids=input_ids,
@@ -135,10 +151,10 @@ def run_hf_static(folder: Path, workload: Workload, batch_size: int) -> float:
     return time.perf_counter() - start
 
 
-def run_hf_continuous(folder: Path, workload: Workload) -> float:
-    from transformers import AutoModelForCausalLM, GenerationConfig
+def run_hf_continuous(folder: Path, workload: Workload, device: str, dtype: str) -> float:
+    from transformers import GenerationConfig
 
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model = load_hf_model(folder, device, dtype)
     config = GenerationConfig(
         do_sample=False, eos_token_id=None, max_new_tokens=max(workload.output_lens)
     )
@@ -174,6 +190,7 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
 
 def main() -> None:
     args = parse_args()
+    args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     torch.set_num_threads(args.threads)
     folder = Path(args.model) if args.model else default_model_folder()
     from transformers import AutoConfig
@@ -182,20 +199,25 @@ def main() -> None:
     print(
         f"model={folder} requests={args.num_requests} prompt_len={tuple(args.prompt_len)} "
         f"output_len={tuple(args.output_len)} output_tokens={workload.num_output_tokens} "
-        f"threads={args.threads} dtype=float32"
+        f"threads={args.threads} device={args.device} dtype={args.dtype}"
     )
     # vlite loads the default model from its GGUF file itself; the peers get the same
     # weights exported to a Hugging Face folder.
-    vlite_seconds = run_vlite(args.model, workload)
+    vlite_seconds = run_vlite(args.model, workload, args.device, args.dtype)
     rows = [
         ("vlite", vlite_seconds),
         (
             f"transformers generate (static batches of {args.hf_batch_size})",
-            run_hf_static(folder, workload, args.hf_batch_size),
+            run_hf_static(folder, workload, args.hf_batch_size, args.device, args.dtype),
         ),
     ]
     if not args.skip_continuous:
-        rows.append(("transformers continuous batching", run_hf_continuous(folder, workload)))
+        rows.append(
+            (
+                "transformers continuous batching",
+                run_hf_continuous(folder, workload, args.device, args.dtype),
+            )
+        )
     print_table(rows, workload.num_output_tokens)
 
 
