@@ -1,6 +1,6 @@
 """vlite: a small, fast, plugin-architected LLM inference engine on vLLM V1's architecture."""
 
-from vlite.core.hookspecs import hookimpl
+from vlite.core.hookspecs import PLUGIN_API_VERSION, hookimpl
 from vlite.core.outputs import CompletionOutput, RequestOutput
 from vlite.core.sampling_params import SamplingParams
 
@@ -16,4 +16,12 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'vlite' has no attribute {name!r}")
 
 
-__all__ = ["LLM", "CompletionOutput", "RequestOutput", "SamplingParams", "hookimpl", "__version__"]
+__all__ = [
+    "LLM",
+    "PLUGIN_API_VERSION",
+    "CompletionOutput",
+    "RequestOutput",
+    "SamplingParams",
+    "hookimpl",
+    "__version__",
+]

@@ -129,7 +129,8 @@ def test_plugins_list_shows_every_builtin():
     assert ("scheduler", "fcfs") in kinds_and_names
     assert ("attention_backend", "torch") in kinds_and_names
     assert ("model", "Qwen3ForCausalLM") in kinds_and_names
-    assert all(row[2] == "vlite" for row in rows)
+    packages = {(row[0], row[1]): row[2] for row in rows}
+    assert packages[("scheduler", "fcfs")] == packages[("sampler", "default")] == "vlite"
 
 
 def show(*args: str, env: dict | None = None) -> dict[str, tuple[str, str]]:

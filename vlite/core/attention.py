@@ -64,6 +64,14 @@ class AttentionBackend(ABC):
 
     #: dtypes this backend computes in.
     supported_dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
+    # Capability flags, read by the conformance suite (vlite.testing.AttentionBackendConformance):
+    #: Whether a sequence may bring several new tokens after cached context (prefix-cache
+    #: hits, prompt chunks, recomputation); one-token decodes after context are always needed.
+    supports_prefix_caching: bool = True
+    #: Head dimensions the backend supports; ``None``: any.
+    supported_head_dims: tuple[int, ...] | None = None
+    #: Block sizes the backend supports; ``None``: any power of two.
+    supported_block_sizes: tuple[int, ...] | None = None
 
     def __init__(
         self,

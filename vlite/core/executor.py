@@ -17,6 +17,14 @@ class Executor(ABC):
     :meth:`sample_tokens`, and :meth:`shutdown` at the end.
     """
 
+    # Capability flags, read by the conformance suite (vlite.testing.ExecutorConformance):
+    #: Whether workers run in child processes (a worker process dying must become an error).
+    runs_workers_in_subprocesses: bool = False
+    #: Whether ``tensor_parallel_size > 1`` is supported.
+    supports_tensor_parallel: bool = False
+    #: Whether greedy and seeded requests give the same tokens as ``uniproc``.
+    is_deterministic: bool = True
+
     def __init__(self, config: VliteConfig, registry: PluginRegistry) -> None:
         self.config = config
         self.registry = registry

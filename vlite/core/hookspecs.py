@@ -9,6 +9,10 @@ engine looks the chosen classes up once and calls them directly.
 Each registration hook receives a ``register(name, obj)`` callback rather than returning
 values, so that keyword arguments can be added later without breaking plugins. Registering
 a name twice (in the same kind) is an error that names both plugins.
+
+:data:`PLUGIN_API_VERSION` versions this module and the plugin interfaces in ``vlite.core``;
+a plugin may require a range of it with a module-level ``VLITE_PLUGIN_API`` (see
+:func:`vlite.core.plugins.check_plugin_api`). ``docs/plugins.md`` documents every hook.
 """
 
 from __future__ import annotations
@@ -19,6 +23,13 @@ from typing import Any
 import pluggy
 
 PROJECT_NAME = "vlite"
+
+#: Version of the plugin API: the hooks below and the plugin interfaces in ``vlite.core``
+#: (``Scheduler``, ``AttentionBackend``, ``Sampler``, ``Executor``, ``CausalLM``) with their
+#: metadata types. It is raised by one whenever they change in a way a plugin could notice:
+#: a hook or an interface member added, changed or removed. A plugin declares the versions it
+#: works with as ``VLITE_PLUGIN_API = ">=1,<3"`` (or ``1``, meaning ``>=1``).
+PLUGIN_API_VERSION = 1
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
@@ -32,7 +43,8 @@ def register_schedulers(register: Register) -> None:
 
     :param register: ``register(name, cls)``; ``cls`` subclasses
         :class:`vlite.core.scheduler.Scheduler` and is constructed as
-        ``cls(scheduler_config, kv_cache_manager)``.
+        ``cls(limits, kv_cache_manager)`` (a :class:`~vlite.core.scheduler.SchedulerLimits`
+        and the engine's :class:`~vlite.core.kv_cache.KVCacheManager`).
 
     Called at engine construction, in the engine-core process.
 
@@ -49,9 +61,11 @@ def register_attention_backends(register: Register) -> None:
     """Register attention backends.
 
     :param register: ``register(name, cls)``; ``cls`` subclasses
-        :class:`vlite.core.attention.AttentionBackend`.
+        :class:`vlite.core.attention.AttentionBackend`; the model constructs it once as
+        ``cls(num_heads, num_kv_heads, head_dim, scale, block_size)``.
 
-    Called at engine construction, in every process that builds a model (workers).
+    Called at engine construction, in the engine-core process (to validate the name) and
+    in every process that builds a model (workers).
     """
 
 
@@ -62,7 +76,8 @@ def register_samplers(register: Register) -> None:
     :param register: ``register(name, cls)``; ``cls`` implements
         :class:`vlite.core.sampler.Sampler` and is constructed with no arguments.
 
-    Called at engine construction, in every worker process.
+    Called at engine construction, in the engine-core process (to validate the name) and
+    in every worker process, which constructs the sampler.
     """
 
 
@@ -71,7 +86,9 @@ def register_executors(register: Register) -> None:
     """Register executors.
 
     :param register: ``register(name, cls)``; ``cls`` implements
-        :class:`vlite.core.executor.Executor` and is constructed as ``cls(config)``.
+        :class:`vlite.core.executor.Executor` and is constructed as
+        ``cls(config, registry)`` (the :class:`~vlite.core.config.VliteConfig` and the
+        engine's :class:`~vlite.core.plugins.PluginRegistry`).
 
     Called at engine construction, in the engine-core process.
     """
@@ -95,5 +112,6 @@ def register_cli_commands(cli: Any) -> None:
 
     :param cli: the root ``click.Group``; call ``cli.add_command(...)`` on it.
 
-    Called once when the ``vlite`` command starts, before arguments are parsed.
+    Called once by :func:`vlite.cli.main.main` when the ``vlite`` command starts, before
+    arguments are parsed, in the command's process. Not called by engines.
     """

@@ -4,12 +4,18 @@ Built-in plugins are modules listed in :data:`BUILTIN_PLUGINS`, registered throu
 same hooks as third-party ones; third-party plugins come from the ``vlite`` entry-point
 group. Every engine builds its own manager with :func:`build_plugin_manager` and reads
 the classes it needs from a :class:`PluginRegistry` once, at construction.
+
+Loading is loud: a plugin that fails to import, fails pluggy's validation, requires another
+plugin API version (:func:`check_plugin_api`) or registers a name twice raises
+:class:`PluginError` naming the plugin and its package.
 """
 
 from __future__ import annotations
 
 import importlib
+import operator
 import os
+import re
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -17,6 +23,7 @@ from typing import Any
 import pluggy
 
 from vlite.core import hookspecs
+from vlite.core.hookspecs import PLUGIN_API_VERSION
 
 #: Modules whose hook implementations ship with vlite.
 BUILTIN_PLUGINS: tuple[str, ...] = (
@@ -29,6 +36,8 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
 
 ENTRY_POINT_GROUP = "vlite"
 ALLOW_LIST_ENV = "VLITE_PLUGINS"
+#: Module-level attribute in which a plugin declares the plugin API versions it supports.
+API_REQUIREMENT_ATTRIBUTE = "VLITE_PLUGIN_API"
 
 #: Plugin kind -> the registration hook that fills it.
 PLUGIN_KINDS: dict[str, str] = {
@@ -76,19 +85,59 @@ def build_plugin_manager(
 
     ``extra_plugins`` (modules or objects with hook implementations) are registered too;
     tests use this to add a plugin without installing a package.
+
+    Raises:
+        PluginError: a plugin failed to import or to validate, or requires a plugin API
+            version this vlite does not provide; the message names plugin and package.
     """
     from vlite import __version__
 
     pm = VlitePluginManager()
     for module_name in BUILTIN_PLUGINS:
-        pm.register(importlib.import_module(module_name), name=module_name)
         pm.origins[module_name] = ("vlite", __version__)
+        _register(pm, importlib.import_module(module_name), module_name)
     if load_entry_points:
         _load_entry_points(pm)
     for plugin in extra_plugins:
-        pm.register(plugin)
-    pm.check_pending()
+        _register(pm, plugin, None)
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as exc:
+        name = pm.get_name(exc.plugin) or ""
+        raise PluginError(
+            f"plugin {_label(exc.plugin, name)!r} from {_describe_origin(pm, name)} is "
+            f"invalid: {exc}"
+        ) from exc
     return pm
+
+
+def _register(pm: VlitePluginManager, plugin: Any, name: str | None) -> None:
+    """Check the plugin's API requirement, then register it; errors name plugin and package."""
+    label = _label(plugin, name)
+    origin = _describe_origin(pm, name or "")
+    check_plugin_api(plugin, label, origin)
+    try:
+        pm.register(plugin, name=name)
+    except (pluggy.PluginValidationError, ValueError) as exc:
+        raise PluginError(f"plugin {label!r} from {origin} could not be registered: {exc}") from exc
+
+
+def _label(plugin: Any, name: str | None) -> str:
+    """A readable name for messages (pluggy names an unnamed object by its ``id``)."""
+    if name and not name.isdigit():
+        return name
+    return getattr(plugin, "__name__", None) or f"{type(plugin).__qualname__} object"
+
+
+def _describe_origin(pm: VlitePluginManager, plugin_name: str) -> str:
+    if plugin_name not in pm.origins:
+        return "no package (registered in code)"
+    package, version = pm.origin_of(plugin_name)
+    return f"package {package} {version}".rstrip()
+
+
+def _join(*parts: str) -> str:
+    return " ".join(part for part in parts if part)
 
 
 def _allowed_plugin_names() -> set[str] | None:
@@ -103,9 +152,12 @@ def _load_entry_points(pm: VlitePluginManager) -> None:
     for entry_point in metadata.entry_points(group=ENTRY_POINT_GROUP):
         if allowed is not None and entry_point.name not in allowed:
             continue
-        if pm.get_plugin(entry_point.name) is not None:
-            continue
         package = _describe_distribution(entry_point)
+        if pm.get_plugin(entry_point.name) is not None:
+            raise PluginError(
+                f"plugin name {entry_point.name!r} is used twice: by "
+                f"{_describe_origin(pm, entry_point.name)} and by {package}"
+            )
         try:
             plugin = entry_point.load()
         except Exception as exc:
@@ -113,10 +165,10 @@ def _load_entry_points(pm: VlitePluginManager) -> None:
                 f"plugin {entry_point.name!r} from {package} failed to load "
                 f"({entry_point.value}): {type(exc).__name__}: {exc}"
             ) from exc
-        pm.register(plugin, name=entry_point.name)
         dist = entry_point.dist
         if dist is not None:
             pm.origins[entry_point.name] = (dist.name, dist.version)
+        _register(pm, plugin, entry_point.name)
 
 
 def _describe_distribution(entry_point: metadata.EntryPoint) -> str:
@@ -126,6 +178,68 @@ def _describe_distribution(entry_point: metadata.EntryPoint) -> str:
     return f"package {dist.name} {dist.version}"
 
 
+_API_OPERATORS = {
+    ">=": operator.ge,
+    "<=": operator.le,
+    "==": operator.eq,
+    "!=": operator.ne,
+    ">": operator.gt,
+    "<": operator.lt,
+}
+_API_CLAUSE = re.compile(r"(>=|<=|==|!=|>|<)?\s*(\d+)")
+
+
+def parse_api_requirement(requirement: int | str) -> list[tuple[str, int]]:
+    """``">=1,<3"`` -> ``[(">=", 1), ("<", 3)]``; a bare ``N`` (int or string) means ``>=N``.
+
+    Raises:
+        ValueError: the requirement is not an int or a comma list of ``OP N`` clauses.
+    """
+    if isinstance(requirement, int) and not isinstance(requirement, bool):
+        return [(">=", requirement)]
+    if not isinstance(requirement, str) or not requirement.strip():
+        raise ValueError("expected an int or a string such as '>=1' or '>=1,<3'")
+    clauses = []
+    for clause in requirement.split(","):
+        match = _API_CLAUSE.fullmatch(clause.strip())
+        if match is None:
+            raise ValueError(f"cannot parse {clause.strip()!r}; expected e.g. '>=1' or '<3'")
+        clauses.append((match.group(1) or ">=", int(match.group(2))))
+    return clauses
+
+
+def api_requirement_allows(requirement: int | str, version: int = PLUGIN_API_VERSION) -> bool:
+    """Whether plugin API ``version`` satisfies every clause of ``requirement``."""
+    return all(
+        _API_OPERATORS[op](version, bound) for op, bound in parse_api_requirement(requirement)
+    )
+
+
+def check_plugin_api(plugin: Any, plugin_name: str, package: str) -> None:
+    """Raise :class:`PluginError` if ``plugin.VLITE_PLUGIN_API`` excludes this vlite's API.
+
+    A plugin without the attribute is assumed to work with every version.
+    """
+    requirement = getattr(plugin, API_REQUIREMENT_ATTRIBUTE, None)
+    if requirement is None:
+        return
+    try:
+        is_allowed = api_requirement_allows(requirement)
+    except ValueError as exc:
+        raise PluginError(
+            f"plugin {plugin_name!r} from {package} declares an invalid "
+            f"{API_REQUIREMENT_ATTRIBUTE}={requirement!r}: {exc}"
+        ) from None
+    if not is_allowed:
+        from vlite import __version__
+
+        raise PluginError(
+            f"plugin {plugin_name!r} from {package} requires vlite plugin API "
+            f"{requirement!r}, but vlite {__version__} provides plugin API version "
+            f"{PLUGIN_API_VERSION}; install a vlite (or a plugin version) that matches"
+        )
+
+
 class PluginRegistry:
     """Every class the plugins registered, by kind and name."""
 
@@ -133,7 +247,17 @@ class PluginRegistry:
         self._entries: dict[str, dict[str, PluginEntry]] = {kind: {} for kind in PLUGIN_KINDS}
         for kind, hook_name in PLUGIN_KINDS.items():
             for impl in getattr(pm.hook, hook_name).get_hookimpls():
-                impl.function(register=self._register_callback(pm, kind, impl.plugin_name))
+                register = self._register_callback(pm, kind, impl.plugin_name)
+                try:
+                    impl.function(register=register)
+                except PluginError:
+                    raise
+                except Exception as exc:
+                    raise PluginError(
+                        f"plugin {impl.plugin_name!r} from "
+                        f"{_describe_origin(pm, impl.plugin_name)} failed in {hook_name}: "
+                        f"{type(exc).__name__}: {exc}"
+                    ) from exc
 
     def _register_callback(self, pm: VlitePluginManager, kind: str, plugin_name: str):
         package, version = pm.origin_of(plugin_name)
@@ -143,20 +267,28 @@ class PluginRegistry:
             if existing is not None:
                 raise PluginError(
                     f"{kind} {name!r} is registered twice: by plugin "
-                    f"{existing.plugin_name!r} ({existing.package}) and by plugin "
-                    f"{plugin_name!r} ({package})"
+                    f"{existing.plugin_name!r} ({_join(existing.package, existing.version)}) "
+                    f"and by plugin {plugin_name!r} ({_join(package, version)})"
                 )
             self._entries[kind][name] = PluginEntry(kind, name, obj, plugin_name, package, version)
 
         return register
 
-    def get(self, kind: str, name: str) -> Any:
-        """The class registered as ``name``; a ``ValueError`` lists the names available."""
+    def entry(self, kind: str, name: str) -> PluginEntry:
+        """The :class:`PluginEntry` of ``name``; a ``ValueError`` lists the names available."""
         entry = self._entries[kind].get(name)
         if entry is None:
             available = ", ".join(sorted(self._entries[kind])) or "(none)"
             raise ValueError(f"unknown {kind} {name!r}; available: {available}")
-        return entry.obj
+        return entry
+
+    def kinds_of(self, name: str) -> list[str]:
+        """Every kind in which ``name`` is registered."""
+        return [kind for kind, by_name in self._entries.items() if name in by_name]
+
+    def get(self, kind: str, name: str) -> Any:
+        """The class registered as ``name``; a ``ValueError`` lists the names available."""
+        return self.entry(kind, name).obj
 
     def names(self, kind: str) -> list[str]:
         return sorted(self._entries[kind])

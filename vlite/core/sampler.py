@@ -33,7 +33,15 @@ class SamplingMetadata:
 
 
 class Sampler(Protocol):
-    """Turns a step's logits into one token per row."""
+    """Turns a step's logits into one token per row.
+
+    Optional class attributes (capability flags, read by the conformance suite
+    ``vlite.testing.SamplerConformance``; absent means ``True``):
+
+    * ``is_deterministic``: a seeded row gives the same token for the same logits and
+      seed, whatever else is in the batch.
+    * ``supports_top_k`` / ``supports_top_p``: the row settings are honoured.
+    """
 
     def sample(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
         """Pick tokens.

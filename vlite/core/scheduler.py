@@ -48,8 +48,14 @@ class Scheduler(ABC):
         kv_cache_manager: the block manager of the engine's KV cache.
     """
 
-    #: Whether the policy may schedule part of a prompt (conformance capability flag).
+    # Capability flags: what the policy claims; the conformance suite
+    # (vlite.testing.SchedulerConformance) tests what is claimed and skips the rest.
+    #: Whether the policy may schedule part of a prompt (the engine reads it too).
     supports_chunked_prefill = False
+    #: Whether the policy preempts running requests when blocks run out.
+    supports_preemption = True
+    #: Whether admission reuses prefix-cached blocks (the shared mechanism does).
+    supports_prefix_caching = True
 
     def __init__(self, limits: SchedulerLimits, kv_cache_manager: KVCacheManager) -> None:
         self.limits = limits
@@ -107,7 +113,9 @@ class Scheduler(ABC):
             self._release(request)
 
     def _release(self, request: Request) -> None:
-        self.kv_cache_manager.free(request)
+        # Blocks allocated for a step that never completed (a failed step, then an abort)
+        # were published to the prefix cache but never written: free them as uncomputed.
+        self.kv_cache_manager.free(request, num_computed_tokens=request.num_computed_tokens)
         request.block_ids = []
         del self.requests[request.request_id]
         del self._arrival_index[request.request_id]

@@ -1,0 +1,44 @@
+"""Tools for testing vlite and vlite plugins (shipped in the wheel).
+
+The conformance suites are pytest base classes; a plugin author subclasses one and names
+the plugin::
+
+    from vlite.testing import SchedulerConformance
+
+    class TestShortestPromptFirst(SchedulerConformance):
+        plugin_name = "shortest-prompt-first"
+
+- :class:`SchedulerConformance`: limits, completion, preemption, block leaks, abort, tokens;
+- :class:`AttentionBackendConformance`: dense reference on random shapes, end-to-end tokens;
+- :class:`SamplerConformance`: greedy, seeds, top-k/top-p/temperature, shapes and dtypes;
+- :class:`ExecutorConformance`: tokens equal ``uniproc``'s, shutdown, crashed workers.
+
+They need pytest, so they are imported lazily: ``vlite.testing.tiny_models`` and the other
+helpers work without it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_LAZY = {
+    "PluginConformance": "vlite.testing.conformance.base",
+    "SchedulerConformance": "vlite.testing.conformance.scheduler",
+    "AttentionBackendConformance": "vlite.testing.conformance.attention",
+    "SamplerConformance": "vlite.testing.conformance.sampler",
+    "ExecutorConformance": "vlite.testing.conformance.executor",
+    "CONFORMANCE_SUITES": "vlite.testing.conformance",
+    "make_tiny_model": "vlite.testing.tiny_models",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'vlite.testing' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module_name), name)
+
+
+__all__ = sorted(_LAZY)

@@ -16,6 +16,11 @@ class DefaultSampler:
     its noise from its own generator while the rest share one draw.
     """
 
+    # Capability flags (see vlite.core.sampler.Sampler).
+    is_deterministic = True
+    supports_top_k = True
+    supports_top_p = True
+
     def sample(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
         greedy_tokens = logits.argmax(dim=-1)
         if metadata.is_all_greedy:

@@ -1,0 +1,24 @@
+"""vlite-plugin-example: a shortest-prompt-first scheduler and a multinomial sampler.
+
+The entry point ``example`` in the ``vlite`` group names this module; vlite registers it
+with its plugin manager, which calls the hook functions below at engine construction.
+"""
+
+import vlite
+from vlite_plugin_example.sampler import MultinomialSampler
+from vlite_plugin_example.scheduler import ShortestPromptFirstScheduler
+
+#: The vlite plugin API versions this plugin works with (checked when vlite loads it).
+VLITE_PLUGIN_API = ">=1,<2"
+
+__all__ = ["MultinomialSampler", "ShortestPromptFirstScheduler"]
+
+
+@vlite.hookimpl
+def register_schedulers(register):
+    register("shortest-prompt-first", ShortestPromptFirstScheduler)
+
+
+@vlite.hookimpl
+def register_samplers(register):
+    register("multinomial", MultinomialSampler)

@@ -1,0 +1,11 @@
+"""vlite's conformance suites, run on this package's plugins as installed (entry point)."""
+
+from vlite.testing import SamplerConformance, SchedulerConformance
+
+
+class TestShortestPromptFirstScheduler(SchedulerConformance):
+    plugin_name = "shortest-prompt-first"
+
+
+class TestMultinomialSampler(SamplerConformance):
+    plugin_name = "multinomial"

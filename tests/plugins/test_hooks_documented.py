@@ -1,0 +1,231 @@
+"""Meta-tests: every hookspec is documented in docs/plugins.md and exercised by a test here;
+every example in the document runs."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import shutil
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import vlite
+from vlite import LLM, SamplingParams
+from vlite.core import hookspecs
+from vlite.core.plugins import PLUGIN_KINDS, PluginRegistry, build_plugin_manager
+from vlite.models.llama import LlamaForCausalLM
+from vlite.plugins.attention.torch_ref import TorchAttentionBackend
+from vlite.plugins.executors.uniproc import UniprocExecutor
+from vlite.plugins.samplers.default import DefaultSampler
+from vlite.plugins.schedulers.fcfs import FcfsScheduler
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "plugins.md"
+HOOKSPECS = {
+    name: function
+    for name, function in vars(hookspecs).items()
+    if hasattr(function, f"{hookspecs.PROJECT_NAME}_spec")
+}
+#: Plugin kind -> the interface section documenting it.
+INTERFACES = {
+    "scheduler": "Scheduler",
+    "attention_backend": "AttentionBackend",
+    "sampler": "Sampler",
+    "executor": "Executor",
+    "model": "CausalLM",
+}
+
+
+def signature_of(name: str) -> str:
+    parameters = inspect.signature(HOOKSPECS[name]).parameters
+    return f"{name}({', '.join(parameters)})"
+
+
+def python_examples() -> list[tuple[int, str]]:
+    """(line number, code) of every ```python block in the document."""
+    text = DOCS.read_text()
+    examples = []
+    for match in re.finditer(r"^( *)```python\n(.*?)^\1```", text, re.S | re.M):
+        indent = len(match.group(1))
+        code = "\n".join(line[indent:] for line in match.group(2).splitlines())
+        examples.append((text[: match.start()].count("\n") + 1, code))
+    return examples
+
+
+# ---- documented -----------------------------------------------------------------------
+
+
+def test_hookspecs_are_found():
+    assert set(PLUGIN_KINDS.values()) < set(HOOKSPECS)
+    assert "register_cli_commands" in HOOKSPECS
+
+
+@pytest.mark.parametrize("name", sorted(HOOKSPECS))
+def test_every_hookspec_is_documented_with_its_signature(name):
+    heading = f"### `{signature_of(name)}`"
+    text = DOCS.read_text()
+    assert heading in text, f"docs/plugins.md has no section {heading!r}"
+    section = text.split(heading, 1)[1].split("\n### ", 1)[0]
+    assert "**Called**" in section, f"the section of {name} does not say when it is called"
+    assert "```python" in section, f"the section of {name} has no runnable example"
+
+
+@pytest.mark.parametrize("name", sorted(HOOKSPECS))
+def test_every_hookspec_docstring_says_when_and_where_it_is_called(name):
+    doc = inspect.getdoc(HOOKSPECS[name])
+    assert "Called" in doc and "process" in doc
+
+
+@pytest.mark.parametrize("kind", sorted(PLUGIN_KINDS))
+def test_every_plugin_kind_has_its_interface_documented(kind):
+    assert f"### {INTERFACES[kind]}\n" in DOCS.read_text()
+
+
+@pytest.mark.parametrize("example", python_examples(), ids=lambda e: f"line-{e[0]}")
+def test_every_python_example_runs(example):
+    _, code = example
+    exec(compile(code, str(DOCS), "exec"), {"__name__": "docs_example"})
+
+
+def test_the_document_has_an_example_per_hook_at_least():
+    assert len(python_examples()) >= len(HOOKSPECS)
+
+
+# ---- exercised --------------------------------------------------------------------------
+
+CALLS: Counter = Counter()
+RECORDING_ARCHITECTURE = "RecordingLlamaForCausalLM"
+
+
+class RecordingScheduler(FcfsScheduler):
+    def schedule(self):
+        CALLS["scheduler.schedule"] += 1
+        return super().schedule()
+
+
+class RecordingAttentionBackend(TorchAttentionBackend):
+    def forward(self, *args, **kwargs):
+        CALLS["attention_backend.forward"] += 1
+        return super().forward(*args, **kwargs)
+
+
+class RecordingSampler(DefaultSampler):
+    def sample(self, logits, metadata):
+        CALLS["sampler.sample"] += 1
+        return super().sample(logits, metadata)
+
+
+class RecordingExecutor(UniprocExecutor):
+    def execute_model(self, scheduler_output):
+        CALLS["executor.execute_model"] += 1
+        super().execute_model(scheduler_output)
+
+
+class RecordingLlama(LlamaForCausalLM):
+    def forward(self, *args, **kwargs):
+        CALLS["model.forward"] += 1
+        return super().forward(*args, **kwargs)
+
+
+class RecordingPlugin:
+    """Implements every registration hook, counting calls."""
+
+    @vlite.hookimpl
+    def register_schedulers(self, register):
+        CALLS["register_schedulers"] += 1
+        register("recording", RecordingScheduler)
+
+    @vlite.hookimpl
+    def register_attention_backends(self, register):
+        CALLS["register_attention_backends"] += 1
+        register("recording", RecordingAttentionBackend)
+
+    @vlite.hookimpl
+    def register_samplers(self, register):
+        CALLS["register_samplers"] += 1
+        register("recording", RecordingSampler)
+
+    @vlite.hookimpl
+    def register_executors(self, register):
+        CALLS["register_executors"] += 1
+        register("recording", RecordingExecutor)
+
+    @vlite.hookimpl
+    def register_models(self, register):
+        CALLS["register_models"] += 1
+        register(RECORDING_ARCHITECTURE, RecordingLlama)
+
+
+def test_registration_hooks_are_called_and_the_engine_uses_what_they_register(tiny_model, tmp_path):
+    folder = Path(shutil.copytree(tiny_model, tmp_path / "model"))
+    config = json.loads((folder / "config.json").read_text())
+    config["architectures"] = [RECORDING_ARCHITECTURE]
+    (folder / "config.json").write_text(json.dumps(config))
+    CALLS.clear()
+    registry = PluginRegistry(build_plugin_manager(extra_plugins=(RecordingPlugin(),)))
+    for hook_name in PLUGIN_KINDS.values():
+        assert CALLS[hook_name] == 1, f"{hook_name} was called {CALLS[hook_name]} times"
+    llm = LLM(
+        model=str(folder),
+        registry=registry,
+        scheduler="recording",
+        attention_backend="recording",
+        sampler="recording",
+        executor="recording",
+    )
+    params = SamplingParams(max_tokens=3, temperature=0.5, seed=1, ignore_eos=True)
+    outputs = llm.generate(["Hello"], params, use_tqdm=False)
+    assert len(outputs[0].outputs[0].token_ids) == 3
+    for kind in PLUGIN_KINDS:
+        used = [key for key in CALLS if key.startswith(f"{kind}.")]
+        assert used and all(CALLS[key] >= 3 for key in used), f"the {kind} was not used"
+
+
+CLI_PLUGIN = """
+import click
+import vlite
+
+
+@click.command("hello-from-plugin")
+@click.argument("name")
+def hello(name):
+    click.echo(f"Hello from a plugin, {name}!")
+
+
+@vlite.hookimpl
+def register_cli_commands(cli):
+    cli.add_command(hello)
+"""
+
+
+def test_register_cli_commands_is_called_by_main(install_plugin, monkeypatch, capsys):
+    from vlite.cli.main import cli, main
+
+    install_plugin("cli-plugin", CLI_PLUGIN)
+    monkeypatch.setattr(sys, "argv", ["vlite", "hello-from-plugin", "Ada"])
+    try:
+        with pytest.raises(SystemExit) as info:
+            main()
+    finally:
+        cli.commands.pop("hello-from-plugin", None)  # main() adds to the shared group
+    assert info.value.code == 0
+    assert capsys.readouterr().out == "Hello from a plugin, Ada!\n"
+
+
+EXERCISED_BY = {
+    **dict.fromkeys(
+        PLUGIN_KINDS.values(),
+        test_registration_hooks_are_called_and_the_engine_uses_what_they_register,
+    ),
+    "register_cli_commands": test_register_cli_commands_is_called_by_main,
+}
+
+
+def test_every_hookspec_is_exercised_by_a_test():
+    missing = set(HOOKSPECS) - set(EXERCISED_BY)
+    assert not missing, f"hookspecs without a test here: {sorted(missing)}"
+    implemented = {name for name in vars(RecordingPlugin) if name.startswith("register_")}
+    assert implemented == set(PLUGIN_KINDS.values())

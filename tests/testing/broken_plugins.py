@@ -1,0 +1,140 @@
+"""Deliberately broken plugins: the conformance suites must fail on each of them.
+
+Each is a small change to a correct built-in, of the kind a plugin author could make by
+mistake. ``test_suites_catch_bugs.py`` runs the suites on them with pytester.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import torch
+import torch.nn.functional as F
+
+from vlite.core.hookspecs import hookimpl
+from vlite.core.outputs import ModelRunnerOutput
+from vlite.core.request import RequestStatus
+from vlite.plugins.attention.torch_ref import TorchAttentionBackend, causal_mask
+from vlite.plugins.executors.uniproc import UniprocExecutor
+from vlite.plugins.samplers.default import DefaultSampler
+from vlite.plugins.schedulers.fcfs import FcfsScheduler
+
+#: How long the hanging executors wait before giving up (far beyond the suite's timeout).
+HANG_S = 60.0
+#: Set by the tests after a run, to end the threads the hanging executors left behind.
+RELEASE = threading.Event()
+
+
+class BudgetOverrunningScheduler(FcfsScheduler):
+    """Schedules a request's pending tokens whether or not they fit what is left."""
+
+    def num_tokens_to_schedule(self, request, num_pending, budget):
+        return num_pending
+
+
+class AbortLeakingScheduler(FcfsScheduler):
+    """Forgets to give an aborted request's blocks back to the cache."""
+
+    def _release(self, request):
+        if request.status is RequestStatus.FINISHED_ABORTED:
+            request.block_ids = []
+            del self.requests[request.request_id]
+            del self._arrival_index[request.request_id]
+            self._finished_since_last_step.append(request.request_id)
+            return
+        super()._release(request)
+
+
+class LastCachedBlockDroppingBackend(TorchAttentionBackend):
+    """Leaves the last full block of a cached prefix out when new tokens attend to it."""
+
+    def _prefill(self, query, kv_cache, block_table, seq_len):
+        query_len = query.shape[0]
+        num_cached_blocks = (seq_len - query_len) // self.block_size
+        if num_cached_blocks == 0:
+            return super()._prefill(query, kv_cache, block_table, seq_len)
+        num_blocks = -(-seq_len // self.block_size)
+        keys, values = self._gather_context(kv_cache, block_table[None], num_blocks)
+        keys = keys[:, :, :seq_len].to(query.dtype)
+        values = values[:, :, :seq_len].to(query.dtype)
+        mask = causal_mask(query_len, seq_len, query.device).clone()
+        mask[:, (num_cached_blocks - 1) * self.block_size : num_cached_blocks * self.block_size] = 0
+        out = F.scaled_dot_product_attention(
+            query.transpose(0, 1).unsqueeze(0),
+            keys,
+            values,
+            attn_mask=mask,
+            scale=self.scale,
+            enable_gqa=self.num_queries_per_kv > 1,
+        )
+        return out.squeeze(0).transpose(0, 1)
+
+
+class TopKIgnoringSampler(DefaultSampler):
+    """Samples as if no row used top-k."""
+
+    def sample(self, logits: torch.Tensor, metadata) -> torch.Tensor:
+        return super().sample(logits, dataclasses.replace(metadata, has_top_k=False))
+
+
+class WrongTokensExecutor(UniprocExecutor):
+    """Reports each sampled token off by one."""
+
+    def sample_tokens(self) -> ModelRunnerOutput:
+        output = super().sample_tokens()
+        return ModelRunnerOutput(
+            {rid: [t + 1 for t in tokens] for rid, tokens in output.sampled_token_ids.items()}
+        )
+
+
+class HangingExecutor(UniprocExecutor):
+    """Loses a failed forward pass and then waits for a result that never comes, as a
+    multi-process executor waiting on a dead worker's reply would."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.has_failed = False
+
+    def execute_model(self, scheduler_output) -> None:
+        try:
+            super().execute_model(scheduler_output)
+        except Exception:
+            self.has_failed = True
+
+    def sample_tokens(self) -> ModelRunnerOutput:
+        if self.has_failed:
+            RELEASE.wait(HANG_S)
+            raise RuntimeError("gave up waiting")
+        return super().sample_tokens()
+
+
+class ThreadLeakingExecutor(UniprocExecutor):
+    """Starts a helper thread that its shutdown() never stops."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        threading.Thread(target=RELEASE.wait, args=(HANG_S,), daemon=True).start()
+
+
+@hookimpl
+def register_schedulers(register) -> None:
+    register("budget-overrunning", BudgetOverrunningScheduler)
+    register("abort-leaking", AbortLeakingScheduler)
+
+
+@hookimpl
+def register_attention_backends(register) -> None:
+    register("last-cached-block-dropping", LastCachedBlockDroppingBackend)
+
+
+@hookimpl
+def register_samplers(register) -> None:
+    register("top-k-ignoring", TopKIgnoringSampler)
+
+
+@hookimpl
+def register_executors(register) -> None:
+    register("wrong-tokens", WrongTokensExecutor)
+    register("hanging", HangingExecutor)
+    register("thread-leaking", ThreadLeakingExecutor)

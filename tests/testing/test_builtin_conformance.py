@@ -1,0 +1,80 @@
+"""Every conformance suite over every built-in plugin, discovered from the registry.
+
+A plugin registered through ``vlite.core.plugins.BUILTIN_PLUGINS`` is conformance-tested
+here without any change to this file. Installed third-party plugins are not loaded (their
+own tests run the suites on them).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from vlite.core.plugins import PLUGIN_KINDS, PluginRegistry, build_plugin_manager
+from vlite.testing import (
+    AttentionBackendConformance,
+    ExecutorConformance,
+    SamplerConformance,
+    SchedulerConformance,
+)
+from vlite.testing.conformance import CONFORMANCE_SUITES
+
+BUILTINS = PluginRegistry(build_plugin_manager(load_entry_points=False))
+
+
+def builtin_names(kind: str) -> list[str]:
+    names = BUILTINS.names(kind)
+    assert names, f"no built-in {kind} is registered"
+    return names
+
+
+class TestBuiltinSchedulers(SchedulerConformance):
+    load_entry_points = False
+
+    @pytest.fixture(scope="class", params=builtin_names("scheduler"))
+    def conformance_plugin_name(self, request) -> str:
+        return request.param
+
+
+class TestBuiltinAttentionBackends(AttentionBackendConformance):
+    load_entry_points = False
+
+    @pytest.fixture(scope="class", params=builtin_names("attention_backend"))
+    def conformance_plugin_name(self, request) -> str:
+        return request.param
+
+
+class TestBuiltinSamplers(SamplerConformance):
+    load_entry_points = False
+
+    @pytest.fixture(scope="class", params=builtin_names("sampler"))
+    def conformance_plugin_name(self, request) -> str:
+        return request.param
+
+
+class TestBuiltinExecutors(ExecutorConformance):
+    load_entry_points = False
+
+    @pytest.fixture(scope="class", params=builtin_names("executor"))
+    def conformance_plugin_name(self, request) -> str:
+        return request.param
+
+
+TESTED_KINDS = {
+    cls.plugin_kind
+    for cls in (
+        TestBuiltinSchedulers,
+        TestBuiltinAttentionBackends,
+        TestBuiltinSamplers,
+        TestBuiltinExecutors,
+    )
+}
+
+
+def test_every_plugin_kind_but_models_has_a_suite_run_here():
+    assert set(CONFORMANCE_SUITES) == set(PLUGIN_KINDS) - {"model"}
+    assert set(CONFORMANCE_SUITES) == TESTED_KINDS
+
+
+def test_suites_are_not_collected_as_tests_themselves():
+    for path in CONFORMANCE_SUITES.values():
+        assert not path.rsplit(".", 1)[1].startswith("Test")

@@ -1,0 +1,215 @@
+"""Random paged-attention batches and a dense float64 reference to check backends against.
+
+A case is a batch of sequences, each ``(num_cached, num_new)``: ``num_cached`` tokens are
+already in the cache and ``num_new`` arrive now. :func:`run_case` drives a backend through
+the steps an engine would take, on one cache tensor in the backend's own layout (filled
+with garbage first, so reading a slot that was never written shows):
+
+1. ``prefix``: the cached prefixes are computed (a plain prefill of each);
+2. ``batch``: the new tokens of every sequence, in one mixed batch;
+3. ``decode``: one more token per sequence, which reads back what step 2 wrote.
+
+Each step's output is compared with dense causal attention computed in float64 from the
+same (dtype-rounded) queries, keys and values.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from vlite.core.attention import AttentionBackend, AttentionMetadata
+
+NUM_KV_HEADS = 2
+
+Batch = list[tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """A layer shape: ``num_kv_heads * num_queries_per_kv`` query heads of ``head_dim``."""
+
+    head_dim: int
+    num_queries_per_kv: int
+    block_size: int
+    num_kv_heads: int = NUM_KV_HEADS
+
+    @property
+    def num_heads(self) -> int:
+        return self.num_kv_heads * self.num_queries_per_kv
+
+    @property
+    def scale(self) -> float:
+        return self.head_dim**-0.5
+
+    def __str__(self) -> str:
+        return f"hd{self.head_dim}-gqa{self.num_queries_per_kv}-bs{self.block_size}"
+
+
+def boundary_batch(block_size: int, with_cached_prefill: bool = True) -> Batch:
+    """Sequences whose lengths sit on and around block boundaries.
+
+    Without ``with_cached_prefill``, sequences bringing several tokens after cached context
+    are left out (one-token decodes after context stay).
+    """
+    bs = block_size
+    batch = [
+        (0, 1),
+        (0, bs),
+        (0, bs + 1),
+        (bs, 1),
+        (bs - 1, 1),
+        (2 * bs - 1, 2),
+        (bs, bs),
+        (bs + 1, 2 * bs + 3),
+        (3 * bs, 5),
+    ]
+    return [seq for seq in batch if with_cached_prefill or seq[0] == 0 or seq[1] == 1]
+
+
+def decode_batch(block_size: int) -> Batch:
+    """Only one-token decodes, of contexts from 1 token to several blocks."""
+    bs = block_size
+    return [(0, 1), (1, 1), (bs - 1, 1), (bs, 1), (2 * bs + 1, 1), (4 * bs - 1, 1)]
+
+
+def random_batch(rng: random.Random, block_size: int, with_cached_prefill: bool = True) -> Batch:
+    """Two to six random sequences: fresh prefills, decodes and (maybe) cached prefills."""
+    batch = []
+    for _ in range(rng.randint(2, 6)):
+        kind = rng.choice(["prefill", "decode", "cached"] if with_cached_prefill else ["p", "d"])
+        if kind in ("prefill", "p"):
+            batch.append((0, rng.randint(1, 3 * block_size + 1)))
+        elif kind in ("decode", "d"):
+            batch.append((rng.randint(1, 4 * block_size), 1))
+        else:
+            batch.append((rng.randint(1, 3 * block_size), rng.randint(2, 2 * block_size)))
+    return batch
+
+
+def dense_causal_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Attention of the last ``len(query)`` positions of a context, in float64.
+
+    Args:
+        query: ``[query_len, num_heads, head_dim]``.
+        key, value: ``[seq_len, num_kv_heads, head_dim]``, the whole context.
+
+    Returns:
+        ``[query_len, num_heads, head_dim]`` float64.
+    """
+    query_len, num_heads, _ = query.shape
+    seq_len, num_kv_heads, _ = key.shape
+    group = num_heads // num_kv_heads
+    k = key.double().repeat_interleave(group, dim=1)
+    v = value.double().repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", query.double(), k) * scale
+    query_pos = torch.arange(seq_len - query_len, seq_len)[:, None]
+    scores = scores.masked_fill(torch.arange(seq_len)[None, :] > query_pos, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+
+
+@dataclass
+class StepResult:
+    """One step of a case: the backend's output and the reference."""
+
+    step: str
+    batch: Batch
+    output: torch.Tensor
+    expected: torch.Tensor
+
+
+def run_case(
+    backend: AttentionBackend,
+    shape: AttentionShape,
+    batch: Batch,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+) -> list[StepResult]:
+    """Drive ``backend`` through the prefix, batch and decode steps of ``batch``.
+
+    Inputs are drawn on the CPU (so they do not depend on ``device``) and moved there;
+    outputs come back on the CPU.
+    """
+    device = torch.device(device)
+    gen = torch.Generator().manual_seed(seed)
+    bs = shape.block_size
+    final_lens = [num_cached + num_new + 1 for num_cached, num_new in batch]
+    blocks_per_seq = [-(-length // bs) for length in final_lens]
+    num_blocks = sum(blocks_per_seq) + 3
+    # Blocks scattered over a shuffled pool (block 0 included), so tables are not contiguous.
+    pool = torch.randperm(num_blocks, generator=gen).tolist()
+    tables = [[pool.pop() for _ in range(n)] for n in blocks_per_seq]
+    cache_shape = backend.kv_cache_shape(num_blocks)
+    kv_cache = (10 * torch.randn(cache_shape, generator=gen)).to(device, dtype)  # garbage
+    qkv = []
+    for length in final_lens:
+        q = torch.randn(length, shape.num_heads, shape.head_dim, generator=gen).to(dtype)
+        k = torch.randn(length, shape.num_kv_heads, shape.head_dim, generator=gen).to(dtype)
+        v = torch.randn(length, shape.num_kv_heads, shape.head_dim, generator=gen).to(dtype)
+        qkv.append((q, k, v))
+
+    steps = [
+        ("prefix", [(0, c) if c else None for c, _ in batch]),
+        ("batch", list(batch)),
+        ("decode", [(c + n, 1) for c, n in batch]),
+    ]
+    results = []
+    for step_name, spans in steps:
+        chosen = [i for i, span in enumerate(spans) if span is not None]
+        if not chosen:
+            continue
+        step_spans = [spans[i] for i in chosen]
+        metadata = build_metadata([tables[i] for i in chosen], step_spans, bs, device)
+        query, key, value = (
+            torch.cat([qkv[i][j][s : s + n] for i, (s, n) in zip(chosen, step_spans)]).to(device)
+            for j in range(3)
+        )
+        output = backend.forward(query, key, value, kv_cache, metadata).cpu()
+        expected = torch.cat(
+            [
+                dense_causal_attention(
+                    qkv[i][0][s : s + n], qkv[i][1][: s + n], qkv[i][2][: s + n], shape.scale
+                )
+                for i, (s, n) in zip(chosen, step_spans)
+            ]
+        )
+        results.append(StepResult(step_name, step_spans, output, expected))
+    return results
+
+
+def build_metadata(
+    tables: list[list[int]], spans: list[tuple[int, int]], block_size: int, device: torch.device
+) -> AttentionMetadata:
+    """Metadata for sequences with ``(num_computed, num_new)`` spans, as the engine builds it.
+
+    Each block table row lists the blocks covering the sequence's context so far; rows are
+    zero-padded to the longest.
+    """
+    query_lens = [n for _, n in spans]
+    seq_lens = [s + n for s, n in spans]
+    width = max(-(-length // block_size) for length in seq_lens)
+    block_tables = torch.zeros(len(spans), width, dtype=torch.int32)
+    slots = []
+    for row, (table, seq_len, (start, num_new)) in enumerate(zip(tables, seq_lens, spans)):
+        num_seq_blocks = -(-seq_len // block_size)
+        block_tables[row, :num_seq_blocks] = torch.tensor(table[:num_seq_blocks])
+        positions = torch.arange(start, start + num_new)
+        blocks = torch.tensor(table, dtype=torch.int64)[positions // block_size]
+        slots.append(blocks * block_size + positions % block_size)
+    query_start_loc = torch.zeros(len(spans) + 1, dtype=torch.int32)
+    query_start_loc[1:] = torch.tensor(query_lens).cumsum(0)
+    return AttentionMetadata(
+        slot_mapping=torch.cat(slots).to(device),
+        query_start_loc=query_start_loc.to(device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        block_tables=block_tables.to(device),
+        max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens),
+        query_lens_cpu=query_lens,
+        seq_lens_cpu=seq_lens,
+    )

@@ -1,0 +1,14 @@
+"""The plugin conformance suites: pytest base classes a plugin's tests subclass.
+
+``CONFORMANCE_SUITES`` maps a plugin kind (as in :data:`vlite.core.plugins.PLUGIN_KINDS`)
+to the dotted path of its suite class; ``vlite plugins check`` uses it.
+"""
+
+from __future__ import annotations
+
+CONFORMANCE_SUITES: dict[str, str] = {
+    "scheduler": "vlite.testing.conformance.scheduler.SchedulerConformance",
+    "attention_backend": "vlite.testing.conformance.attention.AttentionBackendConformance",
+    "sampler": "vlite.testing.conformance.sampler.SamplerConformance",
+    "executor": "vlite.testing.conformance.executor.ExecutorConformance",
+}
