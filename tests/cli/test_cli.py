@@ -27,6 +27,7 @@ def test_run_prints_each_completion_and_a_summary(tiny_model):
     assert result.exit_code == 0, result.output
     assert "[0] Hello" in result.stdout
     assert "[1] The quick brown" in result.stdout
+    assert "attention backend: torch" in result.stderr  # what "auto" picked on CPU
     summary = result.stderr.strip().splitlines()[-1]
     assert summary.startswith("2 requests, ")
     assert "10 output tokens" in summary
@@ -77,7 +78,7 @@ def test_run_chat_applies_the_chat_template(tiny_model):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--scheduler", "nope"], "unknown scheduler 'nope'; available: fcfs"),
+        (["--scheduler", "nope"], "unknown scheduler 'nope'; available:"),
         (["--attn", "nope"], "unknown attention_backend 'nope'; available:"),
         (["--block-size", "3"], "invalid block_size=3: must be a power of two"),
         (["--temperature", "-1"], "SamplingParams.temperature=-1.0 is invalid"),

@@ -56,8 +56,15 @@ class PromptSpec:
 @click.option("--stop", multiple=True, help="Stop string (repeatable); cut from the output.")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per request.")
+@click.option(
+    "--trace",
+    "trace_file",
+    type=click.File("w"),
+    help="Write JSONL: each step's batch and statistics, and each request's status and "
+    "counters after every step.",
+)
 @engine_options
-def run_command(prompts, input_file, chat, as_json, config_file, **options):
+def run_command(prompts, input_file, chat, as_json, trace_file, config_file, **options):
     """Generate completions for PROMPTS (or --input FILE, or lines on stdin).
 
     \b
@@ -65,6 +72,7 @@ def run_command(prompts, input_file, chat, as_json, config_file, **options):
       vlite run "The capital of France is"
       vlite run --chat "Tell me a joke." --max-tokens 48
       vlite run --input prompts.jsonl --json --scheduler fcfs --attn torch
+      vlite run --scheduler chunked-prefill --trace trace.jsonl "Hello"
     """
     overrides = pop_engine_overrides(options)
     defaults = _default_sampling(options)
@@ -75,7 +83,12 @@ def run_command(prompts, input_file, chat, as_json, config_file, **options):
     from vlite.engine.llm import LLM
 
     llm = _construct(LLM, config)
+    click.echo(f"attention backend: {llm.llm_engine.engine_core.attention_backend_name}", err=True)
     inputs = [_to_engine_prompt(llm, spec.prompt, chat) for spec in specs]
+    if trace_file is not None:
+        from vlite.core.stats import TraceWriter
+
+        llm.llm_engine.add_step_observer(TraceWriter(trace_file))
     start = time.perf_counter()
     outputs = llm.generate(inputs, params, priority=[spec.priority for spec in specs])
     elapsed = time.perf_counter() - start

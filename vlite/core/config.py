@@ -57,7 +57,7 @@ class VliteConfig(BaseSettings):
     )
 
     scheduler: str = Field("fcfs", description="Scheduler plugin name.")
-    attention_backend: str = Field("torch", description="Attention backend plugin name.")
+    attention_backend: str = Field("auto", description="Attention backend plugin name.")
     sampler: str = Field("default", description="Sampler plugin name.")
     executor: str = Field("uniproc", description="Executor plugin name.")
     tensor_parallel_size: int = Field(1, ge=1)

@@ -9,7 +9,9 @@ from vlite.core.outputs import EngineCoreOutputs
 from vlite.core.plugins import PluginRegistry, build_plugin_manager
 from vlite.core.request import EngineCoreRequest, Request, RequestStatus
 from vlite.core.scheduler import Scheduler, SchedulerLimits
+from vlite.core.stats import BatchEntry, StepObserver, StepRecord, StepStats
 from vlite.models.spec import ModelSpec
+from vlite.plugins.attention.auto import resolve_attention_backend
 
 
 class EngineCore:
@@ -25,9 +27,17 @@ class EngineCore:
         self.registry = registry or PluginRegistry(build_plugin_manager())
         scheduler_cls = self.registry.get("scheduler", config.scheduler)
         executor_cls = self.registry.get("executor", config.executor)
-        self.registry.get("attention_backend", config.attention_backend)
         self.registry.get("sampler", config.sampler)
         self.model_spec = ModelSpec.from_config(config)
+        #: The attention backend in use: what "auto" picks for this device, dtype and model.
+        self.attention_backend_name, _ = resolve_attention_backend(
+            config.attention_backend,
+            config.torch_device,
+            config.torch_dtype,
+            self.registry,
+            head_dim=self.model_spec.head_dim,
+            block_size=config.block_size,
+        )
         self.executor: Executor = executor_cls(config, self.registry)
         num_blocks = self.executor.initialize_kv_cache()
         self.kv_cache_manager = KVCacheManager(
@@ -42,6 +52,7 @@ class EngineCore:
             ),
             self.kv_cache_manager,
         )
+        self._step_observers: list[StepObserver] = []
 
     # ---- requests ------------------------------------------------------------------
 
@@ -90,6 +101,23 @@ class EngineCore:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
+    # ---- statistics ----------------------------------------------------------------
+
+    @property
+    def last_step_stats(self) -> StepStats | None:
+        """The statistics of the latest step (``None`` before the first)."""
+        return self.scheduler.last_step_stats
+
+    def add_step_observer(self, observer: StepObserver) -> None:
+        """Call ``observer(StepRecord)`` after every step (e.g. a ``TraceWriter``).
+
+        Without observers a step gathers nothing beyond ``last_step_stats``.
+        """
+        self._step_observers.append(observer)
+
+    def remove_step_observer(self, observer: StepObserver) -> None:
+        self._step_observers.remove(observer)
+
     # ---- the step ------------------------------------------------------------------
 
     def step(self) -> EngineCoreOutputs:
@@ -102,9 +130,26 @@ class EngineCore:
                 f"the scheduler could schedule none of {self.scheduler.num_unfinished_requests} "
                 "unfinished requests (a prompt larger than the token budget or the KV cache?)"
             )
+        record = self._start_record(scheduler_output) if self._step_observers else None
         self.executor.execute_model(scheduler_output)
         model_runner_output = self.executor.sample_tokens()
-        return self.scheduler.update_from_output(scheduler_output, model_runner_output)
+        outputs = self.scheduler.update_from_output(scheduler_output, model_runner_output)
+        if record is not None:
+            for observer in self._step_observers:
+                observer(record)
+        return outputs
+
+    def _start_record(self, scheduler_output) -> StepRecord:
+        """The batch as scheduled (counters before the step) and the requests held."""
+        requests = self.scheduler.requests
+        batch = []
+        for request_id, num_new in scheduler_output.num_scheduled_tokens.items():
+            request = requests[request_id]
+            num_computed = request.num_computed_tokens
+            is_prefill = num_computed < request.num_prompt_tokens
+            batch.append(BatchEntry(request_id, num_new, num_computed, is_prefill))
+        stats = self.scheduler.last_step_stats
+        return StepRecord(stats, batch, list(requests.values()))
 
     def shutdown(self) -> None:
         self.executor.shutdown()

@@ -28,7 +28,12 @@ from vlite.core.hookspecs import PLUGIN_API_VERSION
 #: Modules whose hook implementations ship with vlite.
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "vlite.plugins.schedulers.fcfs",
+    "vlite.plugins.schedulers.priority",
+    "vlite.plugins.schedulers.chunked_prefill",
     "vlite.plugins.attention.torch_ref",
+    "vlite.plugins.attention.triton_paged",
+    "vlite.plugins.attention.flash",
+    "vlite.plugins.attention.auto",
     "vlite.plugins.samplers.default",
     "vlite.plugins.executors.uniproc",
     "vlite.models.llama",

@@ -9,6 +9,15 @@ it and answers three questions (DESIGN §3):
 * :meth:`Scheduler.choose_victim` — which running request is preempted when blocks run out?
 * :meth:`Scheduler.num_tokens_to_schedule` — how many of a request's pending tokens fit
   in what is left of the budget (all of them, a chunk, or none)?
+
+and, optionally, two more (the defaults keep the order and never preempt for arrivals):
+
+* :meth:`Scheduler.running_order` — in which order do running requests claim the budget?
+* :meth:`Scheduler.should_preempt_for` — may a waiting request that cannot get blocks
+  take them from a running one?
+
+Every ``schedule()`` also leaves a :class:`~vlite.core.stats.StepStats` in
+``last_step_stats``: the batch's make-up and why requests were held back.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from vlite.core.outputs import (
     SchedulerOutput,
 )
 from vlite.core.request import Request, RequestStatus
+from vlite.core.stats import StepStats
 from vlite.core.stop import check_stop
 
 
@@ -67,6 +77,8 @@ class Scheduler(ABC):
         self._arrival_index: dict[str, int] = {}
         self._finished_since_last_step: list[str] = []
         self.num_preemptions = 0
+        self.num_steps = 0
+        self.last_step_stats: StepStats | None = None
 
     # ---- policy --------------------------------------------------------------------
 
@@ -84,6 +96,26 @@ class Scheduler(ABC):
         The default runs a request's pending tokens all at once or not at all.
         """
         return num_pending if num_pending <= budget else 0
+
+    def running_order(self, running: list[Request]) -> list[Request]:
+        """The order in which running requests are scheduled (and claim the budget).
+
+        Returns a new list (``running`` itself must not be changed); the default keeps
+        admission order. It does not change ``self.running``, which
+        :meth:`choose_victim` sees.
+        """
+        return list(running)
+
+    def should_preempt_for(self, request: Request, running: list[Request]) -> Request | None:
+        """The running request to preempt so that waiting ``request`` can be admitted.
+
+        Called when ``request``, next in the waiting queue, cannot get its KV blocks and no
+        preemption happened earlier in the step. ``running`` holds the candidates: running
+        requests not admitted in this step. The mechanism preempts the returned request
+        and tries again (so it may be called several times for one admission); ``None``
+        (the default) leaves ``request`` waiting for blocks to free up.
+        """
+        return None
 
     def arrival_index(self, request: Request) -> int:
         """Order in which requests were added (ties in every policy go by it)."""
@@ -133,10 +165,31 @@ class Scheduler(ABC):
     def schedule(self) -> SchedulerOutput:
         """Choose this step's batch: running requests first, then admissions."""
         step = _StepPlan(budget=self.limits.max_num_batched_tokens)
+        kv = self.kv_cache_manager
+        num_queried, num_hit = kv.num_prefix_queried_tokens, kv.num_prefix_hit_tokens
         self._schedule_running(step)
         if not step.num_preempted:
             self._schedule_waiting(step)
         finished, self._finished_since_last_step = self._finished_since_last_step, []
+        self.last_step_stats = StepStats(
+            step_index=self.num_steps,
+            num_prefill_requests=step.num_prefill_requests,
+            num_decode_requests=len(step.num_scheduled_tokens) - step.num_prefill_requests,
+            num_prefill_tokens=step.num_prefill_tokens,
+            num_decode_tokens=step.num_decode_tokens,
+            token_budget=self.limits.max_num_batched_tokens,
+            num_running_requests=len(self.running),
+            num_waiting_requests=len(self.waiting),
+            num_kv_blocks_used=kv.num_used_blocks,
+            num_kv_blocks_free=kv.num_free_blocks,
+            num_prefix_cache_queried_tokens=kv.num_prefix_queried_tokens - num_queried,
+            num_prefix_cache_hit_tokens=kv.num_prefix_hit_tokens - num_hit,
+            num_preemptions=step.num_preempted,
+            num_waits_no_blocks=step.num_waits_no_blocks,
+            num_waits_budget=step.num_waits_budget,
+            num_waits_max_num_seqs=step.num_waits_max_num_seqs,
+        )
+        self.num_steps += 1
         return SchedulerOutput(
             new_requests=step.new_requests,
             cached_requests=step.cached_requests,
@@ -146,12 +199,14 @@ class Scheduler(ABC):
         )
 
     def _schedule_running(self, step: _StepPlan) -> None:
-        for request in list(self.running):
+        is_budget_spent = False
+        for request in self.running_order(self.running):
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
             num_pending = request.num_tokens - request.num_computed_tokens
             num_new = self.num_tokens_to_schedule(request, num_pending, step.budget)
             if num_new == 0:
+                is_budget_spent = True
                 continue
             new_block_ids = self._allocate_or_preempt(request, num_new, step)
             if new_block_ids is None:
@@ -161,6 +216,7 @@ class Scheduler(ABC):
                 CachedRequestData(request.request_id, new_block_ids, request.num_computed_tokens)
             )
             step.add(request, num_new)
+        step.num_waits_budget += is_budget_spent
 
     def _allocate_or_preempt(
         self, request: Request, num_new: int, step: _StepPlan
@@ -185,21 +241,38 @@ class Scheduler(ABC):
         request.num_preemptions += 1
         self.num_preemptions += 1
         step.num_preempted += 1
+        step.preempted_ids.add(request.request_id)
         self._enqueue_waiting(request)
 
     def _schedule_waiting(self, step: _StepPlan) -> None:
-        while self.waiting and len(self.running) < self.limits.max_num_seqs and step.budget:
+        """Admit waiting requests in queue order until one must wait (and count why)."""
+        while self.waiting:
             request = self.waiting[0]
+            if request.request_id in step.preempted_ids:
+                break  # preempted for an arrival in this step: it waits a step at least
+            if len(self.running) >= self.limits.max_num_seqs:
+                step.num_waits_max_num_seqs += 1
+                break
+            if not step.budget:
+                step.num_waits_budget += 1
+                break
             cached_prefix = self.kv_cache_manager.find_cached_prefix(request)
             num_cached = len(cached_prefix) * self.kv_cache_manager.block_size
             num_new = self.num_tokens_to_schedule(
                 request, request.num_tokens - num_cached, step.budget
             )
             if num_new == 0:
+                step.num_waits_budget += 1
                 break
             block_ids = self.kv_cache_manager.allocate_slots(request, num_new, cached_prefix)
             if block_ids is None:
-                break
+                candidates = [r for r in self.running if r.request_id not in step.admitted_ids]
+                victim = self.should_preempt_for(request, candidates)
+                if victim is None:
+                    step.num_waits_no_blocks += 1
+                    break
+                self._preempt(victim, step)
+                continue
             self.waiting.pop(0)
             self._admit(request, block_ids, num_cached, step)
             step.add(request, num_new)
@@ -214,6 +287,7 @@ class Scheduler(ABC):
         request.num_cached_tokens = max(request.num_cached_tokens, num_cached)
         self.kv_cache_manager.record_prefix_lookup(request.num_tokens, num_cached)
         self.running.append(request)
+        step.admitted_ids.add(request.request_id)
         if is_resumed:
             step.cached_requests.append(
                 CachedRequestData(request.request_id, block_ids, num_cached, is_resumed=True)
@@ -271,24 +345,43 @@ class Scheduler(ABC):
 
 @dataclass
 class _StepPlan:
-    """The batch being assembled by one :meth:`Scheduler.schedule` call."""
+    """The batch being assembled by one :meth:`Scheduler.schedule` call, and its tallies."""
 
     budget: int
     num_preempted: int = 0
+    num_prefill_requests: int = 0
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+    num_waits_no_blocks: int = 0
+    num_waits_budget: int = 0
+    num_waits_max_num_seqs: int = 0
 
     def __post_init__(self) -> None:
         self.num_scheduled_tokens: dict[str, int] = {}
         self.new_requests: list[NewRequestData] = []
         self.cached_requests: list[CachedRequestData] = []
+        self.admitted_ids: set[str] = set()
+        self.preempted_ids: set[str] = set()
 
     def add(self, request: Request, num_tokens: int) -> None:
         self.num_scheduled_tokens[request.request_id] = num_tokens
         self.budget -= num_tokens
+        self._tally(request, num_tokens, +1)
 
     def unschedule(self, request: Request) -> None:
         """Drop a request scheduled earlier in this step (a policy preempted it)."""
         num_tokens = self.num_scheduled_tokens.pop(request.request_id, 0)
         self.budget += num_tokens
+        if num_tokens:
+            self._tally(request, num_tokens, -1)
         self.cached_requests = [
             c for c in self.cached_requests if c.request_id != request.request_id
         ]
+
+    def _tally(self, request: Request, num_tokens: int, sign: int) -> None:
+        # Read before the step runs (and, on unschedule, before preemption resets it).
+        if request.num_computed_tokens < request.num_prompt_tokens:
+            self.num_prefill_requests += sign
+            self.num_prefill_tokens += sign * num_tokens
+        else:
+            self.num_decode_tokens += sign * num_tokens

@@ -12,6 +12,7 @@ from vlite.core.outputs import RequestOutput
 from vlite.core.plugins import PluginRegistry
 from vlite.core.request import EngineCoreRequest, RequestStatus
 from vlite.core.sampling_params import SamplingParams
+from vlite.core.stats import StepObserver, StepStats
 from vlite.engine.output_processor import OutputProcessor
 
 
@@ -87,6 +88,18 @@ class LLMEngine:
                 processed.request_ids_to_stop, RequestStatus.FINISHED_STOPPED
             )
         return processed.request_outputs
+
+    @property
+    def last_step_stats(self) -> StepStats | None:
+        """The latest step's statistics (see :class:`~vlite.core.stats.StepStats`)."""
+        return self.engine_core.last_step_stats
+
+    def add_step_observer(self, observer: StepObserver) -> None:
+        """Call ``observer`` with a :class:`~vlite.core.stats.StepRecord` after each step."""
+        self.engine_core.add_step_observer(observer)
+
+    def remove_step_observer(self, observer: StepObserver) -> None:
+        self.engine_core.remove_step_observer(observer)
 
     def shutdown(self) -> None:
         self.engine_core.shutdown()

@@ -33,6 +33,7 @@ from torch import nn
 from vlite.core.attention import AttentionBackend, AttentionMetadata
 from vlite.core.hookspecs import Register, hookimpl
 from vlite.models.rope import RotaryEmbedding
+from vlite.models.spec import head_dim_of
 
 ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -70,10 +71,6 @@ def _is_qwen2(config: Any) -> bool:
     return getattr(config, "model_type", "") == "qwen2"
 
 
-def _head_dim(config: Any) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-
-
 def _check_supported(config: Any) -> None:
     if getattr(config, "use_sliding_window", False):
         raise ValueError(
@@ -92,7 +89,7 @@ class LlamaAttention(nn.Module):
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = _head_dim(config)
+        self.head_dim = head_dim_of(config)
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         attention_bias = bool(getattr(config, "attention_bias", False))
@@ -209,7 +206,7 @@ class LlamaForCausalLM(nn.Module):
         _check_supported(hf_config)
         self.config = hf_config
         self.num_layers: int = hf_config.num_hidden_layers
-        self.head_dim = _head_dim(hf_config)
+        self.head_dim = head_dim_of(hf_config)
         self.sliding_window: int | None = getattr(hf_config, "sliding_window", None)
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
         self.attention: AttentionBackend = attn_backend_cls(

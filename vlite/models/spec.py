@@ -62,6 +62,11 @@ class ModelSpec:
     tokenizer: str | None = None
 
     @property
+    def head_dim(self) -> int:
+        """Per-head dimension of the attention layers."""
+        return head_dim_of(self.hf_config)
+
+    @property
     def architecture(self) -> str:
         architectures = getattr(self.hf_config, "architectures", None) or []
         if not architectures:
@@ -236,3 +241,9 @@ def _max_model_len(config: VliteConfig, hf_config: Any) -> int:
             f"max_position_embeddings={model_limit}"
         )
     return config.max_model_len
+
+
+def head_dim_of(hf_config: Any) -> int:
+    """``head_dim`` when the config sets it (Qwen3, Mistral), else hidden / heads."""
+    explicit = getattr(hf_config, "head_dim", None)
+    return explicit or hf_config.hidden_size // hf_config.num_attention_heads

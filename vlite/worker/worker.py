@@ -11,6 +11,7 @@ from vlite.core.outputs import ModelRunnerOutput, SchedulerOutput
 from vlite.core.plugins import PluginRegistry
 from vlite.models.loader import build_model
 from vlite.models.spec import ModelSpec
+from vlite.plugins.attention.auto import resolve_attention_backend
 from vlite.worker.model_runner import ModelRunner
 
 _GIB = 1 << 30
@@ -28,13 +29,30 @@ class Worker:
         self.dtype = config.torch_dtype
         self.model_spec = ModelSpec.from_config(config)
         self.model_runner: ModelRunner | None = None
+        #: The attention backend in use (what "auto" resolved to), set by load_model.
+        self.attention_backend_name: str | None = None
         torch.manual_seed(config.seed)
 
     def load_model(self) -> None:
         spec = self.model_spec
         model_cls = self.registry.get("model", spec.architecture)
-        attn_backend_cls = self.registry.get("attention_backend", self.config.attention_backend)
-        _check_backend_supports(attn_backend_cls, self.config.attention_backend, self.dtype)
+        head_dim = spec.head_dim
+        # "auto" becomes the backend it picks for this device and dtype.
+        self.attention_backend_name, attn_backend_cls = resolve_attention_backend(
+            self.config.attention_backend,
+            self.device,
+            self.dtype,
+            self.registry,
+            head_dim=head_dim,
+            block_size=self.config.block_size,
+        )
+        _check_backend_supports(
+            attn_backend_cls,
+            self.attention_backend_name,
+            self.dtype,
+            head_dim,
+            self.config.block_size,
+        )
         model = build_model(
             spec.hf_config,
             model_cls,
@@ -93,7 +111,9 @@ class Worker:
         return self.runner.sample_tokens()
 
 
-def _check_backend_supports(backend_cls, name: str, dtype: torch.dtype) -> None:
+def _check_backend_supports(
+    backend_cls, name: str, dtype: torch.dtype, head_dim: int, block_size: int
+) -> None:
     supported = getattr(backend_cls, "supported_dtypes", ())
     if dtype not in supported:
         allowed = ", ".join(str(d).removeprefix("torch.") for d in supported)
@@ -101,3 +121,13 @@ def _check_backend_supports(backend_cls, name: str, dtype: torch.dtype) -> None:
             f"attention backend {name!r} does not support dtype "
             f"{str(dtype).removeprefix('torch.')}; it supports: {allowed}"
         )
+    for what, value, limits in (
+        ("head dim", head_dim, getattr(backend_cls, "supported_head_dims", None)),
+        ("block size", block_size, getattr(backend_cls, "supported_block_sizes", None)),
+    ):
+        if limits is not None and value not in limits:
+            allowed = ", ".join(map(str, limits))
+            raise ValueError(
+                f"attention backend {name!r} does not support {what} {value}; "
+                f"it supports: {allowed}"
+            )

@@ -1,0 +1,264 @@
+"""Scheduling policies on CPU, each measured against its peer in the same run.
+
+(a) chunked prefill: decodes keep running while long prompts arrive; p99 inter-token
+    latency and throughput of ``chunked-prefill`` vs ``fcfs`` (targets: >= 2x lower p99
+    ITL at >= 0.9x the throughput).
+(b) priority: urgent requests arrive into a loaded engine; their TTFT with ``priority``
+    vs ``fcfs``.
+(c) prefix caching: requests sharing a long prefix, TTFT with caching on vs off (target
+    >= 3x lower); throughput on distinct prompts (0% hits), on vs off (target >= 0.98x).
+
+Arrivals are placed at engine steps (not wall-clock times), so both sides of a comparison
+see the same workload. Default: a small random Llama (hidden 256, 4 layers, 2048
+positions) so the run takes a few minutes; ``--model`` takes a Hugging Face folder.
+
+    python benchmarks/scheduling.py
+    python benchmarks/scheduling.py --model path/to/hf-folder --threads 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from vlite import LLM, SamplingParams
+
+
+@dataclass
+class Arrival:
+    """A request added to the engine just before step ``at_step``."""
+
+    at_step: int
+    request_id: str
+    prompt_token_ids: list[int]
+    max_tokens: int
+    priority: int = 0
+
+
+@dataclass
+class RunResult:
+    wall_s: float
+    num_output_tokens: int
+    ttft_s: dict[str, float] = field(default_factory=dict)
+    token_gaps_s: dict[str, list[float]] = field(default_factory=dict)
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.num_output_tokens / self.wall_s
+
+
+def run_workload(llm: LLM, arrivals: list[Arrival]) -> RunResult:
+    """Step the engine, adding each arrival before its step; time every token."""
+    engine = llm.llm_engine
+    pending = sorted(arrivals, key=lambda a: a.at_step)
+    added_at: dict[str, float] = {}
+    last_token_at: dict[str, float] = {}
+    result = RunResult(0.0, 0)
+    step = 0
+    start = time.perf_counter()
+    while pending or engine.has_unfinished_requests():
+        while pending and pending[0].at_step <= step:
+            arrival = pending.pop(0)
+            params = SamplingParams(max_tokens=arrival.max_tokens, temperature=0.0, ignore_eos=True)
+            prompt = {"prompt_token_ids": arrival.prompt_token_ids}
+            engine.add_request(arrival.request_id, prompt, params, arrival.priority)
+            added_at[arrival.request_id] = time.perf_counter()
+        outputs = engine.step() if engine.has_unfinished_requests() else []
+        now = time.perf_counter()
+        for output in outputs:
+            rid = output.request_id
+            num_tokens = len(output.outputs[0].token_ids)
+            if rid not in result.ttft_s and num_tokens:
+                result.ttft_s[rid] = now - added_at[rid]
+            elif rid in last_token_at:
+                result.token_gaps_s.setdefault(rid, []).append(now - last_token_at[rid])
+            last_token_at[rid] = now
+            if output.finished:
+                result.num_output_tokens += num_tokens
+        step += 1
+    result.wall_s = time.perf_counter() - start
+    return result
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def random_tokens(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(4, 300) for _ in range(n)]
+
+
+def warm_up(llm: LLM) -> None:
+    run_workload(llm, [Arrival(0, "warm", list(range(4, 68)), 4)])
+
+
+# ---- (a) chunked prefill ----------------------------------------------------------------
+
+
+def chunked_prefill_case(args, model: str) -> None:
+    rng = random.Random(args.seed)
+    arrivals = [
+        Arrival(0, f"decode-{i}", random_tokens(rng, 16), args.decode_tokens)
+        for i in range(args.num_decodes)
+    ]
+    for index in range(args.num_long_prompts):
+        at = 4 + index * args.long_prompt_every
+        arrivals.append(Arrival(at, f"long-{index}", random_tokens(rng, args.long_prompt_len), 8))
+    results = {}
+    for scheduler, budget in (("fcfs", 2048), ("chunked-prefill", args.chunk_budget)):
+        llm = LLM(model=model, scheduler=scheduler, max_num_batched_tokens=budget, seed=0)
+        warm_up(llm)
+        results[scheduler] = run_workload(llm, arrivals)
+    fcfs, chunked = results["fcfs"], results["chunked-prefill"]
+
+    def p99_itl(result: RunResult) -> float:
+        gaps = [
+            g for rid, gs in result.token_gaps_s.items() if rid.startswith("decode") for g in gs
+        ]
+        return percentile(gaps, 0.99)
+
+    print(
+        f"(a) chunked prefill: {args.num_decodes} decodes x {args.decode_tokens} tokens, "
+        f"{args.num_long_prompts} prompts of {args.long_prompt_len} tokens arriving; "
+        f"chunk budget {args.chunk_budget}"
+    )
+    for name, result in results.items():
+        print(
+            f"    {name:16s} p99 ITL {p99_itl(result) * 1e3:7.1f} ms   "
+            f"{result.output_tokens_per_s:7.1f} output tok/s"
+        )
+    print(
+        f"    p99 ITL fcfs / chunked = {p99_itl(fcfs) / p99_itl(chunked):.2f}x (target >= 2)   "
+        f"throughput chunked / fcfs = "
+        f"{chunked.output_tokens_per_s / fcfs.output_tokens_per_s:.2f}x (target >= 0.9)"
+    )
+
+
+# ---- (b) priority -----------------------------------------------------------------------
+
+
+def priority_case(args, model: str) -> None:
+    rng = random.Random(args.seed + 1)
+    arrivals = [
+        Arrival(0, f"bg-{i}", random_tokens(rng, rng.randint(32, 128)), 32, priority=1)
+        for i in range(args.num_background)
+    ]
+    arrivals += [
+        Arrival(8 + 12 * i, f"urgent-{i}", random_tokens(rng, 24), 8, priority=0)
+        for i in range(args.num_urgent)
+    ]
+    ttft = {}
+    for scheduler in ("fcfs", "priority"):
+        llm = LLM(model=model, scheduler=scheduler, max_num_seqs=args.max_num_seqs, seed=0)
+        warm_up(llm)
+        result = run_workload(llm, arrivals)
+        urgent = [t for rid, t in result.ttft_s.items() if rid.startswith("urgent")]
+        ttft[scheduler] = sum(urgent) / len(urgent)
+    print(
+        f"(b) priority: {args.num_urgent} urgent requests into {args.num_background} queued "
+        f"ones, max_num_seqs={args.max_num_seqs}"
+    )
+    for name, value in ttft.items():
+        print(f"    {name:16s} mean urgent TTFT {value * 1e3:8.1f} ms")
+    print(f"    urgent TTFT fcfs / priority = {ttft['fcfs'] / ttft['priority']:.2f}x")
+
+
+# ---- (c) prefix caching -----------------------------------------------------------------
+
+
+def prefix_caching_case(args, model: str) -> None:
+    rng = random.Random(args.seed + 2)
+    prefix = random_tokens(rng, args.shared_prefix_len)
+    shared = [
+        Arrival(i * 12, f"shared-{i}", prefix + random_tokens(rng, 16), 8)
+        for i in range(args.num_shared)
+    ]
+    distinct = [
+        Arrival(0, f"distinct-{i}", random_tokens(rng, rng.randint(64, 256)), 32)
+        for i in range(args.num_distinct)
+    ]
+    ttft, throughput = {}, {}
+    for caching in (True, False):
+        llm = LLM(model=model, enable_prefix_caching=caching, seed=0)
+        warm_up(llm)
+        result = run_workload(llm, shared)
+        later = [t for rid, t in result.ttft_s.items() if rid != "shared-0"]
+        ttft[caching] = sum(later) / len(later)
+        throughput[caching] = run_workload(llm, distinct).output_tokens_per_s
+    print(
+        f"(c) prefix caching: {args.num_shared} requests sharing a {args.shared_prefix_len}-"
+        f"token prefix, one at a time; {args.num_distinct} distinct prompts"
+    )
+    for caching in (True, False):
+        print(
+            f"    caching {'on ' if caching else 'off'}      mean TTFT (after the first) "
+            f"{ttft[caching] * 1e3:7.1f} ms   0%-hit {throughput[caching]:7.1f} output tok/s"
+        )
+    print(
+        f"    TTFT off / on = {ttft[False] / ttft[True]:.2f}x (target >= 3)   "
+        f"0%-hit throughput on / off = {throughput[True] / throughput[False]:.2f}x "
+        "(target >= 0.98)"
+    )
+
+
+def default_model(folder: Path) -> str:
+    from vlite.testing.tiny_models import make_tiny_model
+
+    return str(
+        make_tiny_model(
+            folder,
+            "LlamaForCausalLM",
+            hidden_size=256,
+            intermediate_size=768,
+            num_hidden_layers=4,
+            num_attention_heads=8,
+            num_kv_heads=4,
+            max_position_embeddings=2048,
+        )
+    )
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", help="Hugging Face folder; default: a small random Llama")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cases", default="abc", help="which of a, b, c to run")
+    parser.add_argument("--num-decodes", type=int, default=8)
+    parser.add_argument("--decode-tokens", type=int, default=96)
+    parser.add_argument("--num-long-prompts", type=int, default=6)
+    parser.add_argument("--long-prompt-len", type=int, default=1000)
+    parser.add_argument("--long-prompt-every", type=int, default=14, help="steps")
+    parser.add_argument("--chunk-budget", type=int, default=128)
+    parser.add_argument("--num-background", type=int, default=24)
+    parser.add_argument("--num-urgent", type=int, default=6)
+    parser.add_argument("--max-num-seqs", type=int, default=4)
+    parser.add_argument("--shared-prefix-len", type=int, default=1024)
+    parser.add_argument("--num-shared", type=int, default=8)
+    parser.add_argument("--num-distinct", type=int, default=16)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        model = args.model or default_model(Path(tmp) / "model")
+        print(
+            f"model {args.model or 'random Llama (hidden 256, 4 layers)'}, CPU, "
+            f"{args.threads} threads"
+        )
+        cases = {"a": chunked_prefill_case, "b": priority_case, "c": prefix_caching_case}
+        for letter in args.cases:
+            cases[letter](args, model)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""What the scheduler did each step, as data: :class:`StepStats`, and the ``--trace`` writer.
+
+The scheduler fills one :class:`StepStats` per :meth:`~vlite.core.scheduler.Scheduler.schedule`
+call from counters it keeps anyway (no extra pass over the batch); the engine core exposes
+the latest as ``EngineCore.last_step_stats``. Anything more (a history, a trace file) is a
+*step observer* registered with ``EngineCore.add_step_observer``: with none registered the
+step does no extra work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import IO, TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from vlite.core.request import Request
+
+
+@dataclass(frozen=True, slots=True)
+class StepStats:
+    """One step's batch and the scheduler decisions behind it.
+
+    A request computing tokens of its prompt (a first prefill, a chunk, or the recompute of
+    a preempted request) counts as prefill; one computing only generated tokens as decode.
+    The KV block counts are taken once the batch is scheduled (its blocks allocated).
+
+    Waits count decisions that held a request back for a reason other than its place in
+    the queue, at most one per reason and phase per step (the requests queued behind the
+    one held back wait for the queue):
+
+    * ``num_waits_no_blocks``: the next waiting request could not get its KV blocks.
+    * ``num_waits_budget``: a request (running, or next waiting) got no tokens because
+      the step's token budget was spent.
+    * ``num_waits_max_num_seqs``: the next waiting request found ``max_num_seqs`` running.
+    """
+
+    step_index: int
+    num_prefill_requests: int
+    num_decode_requests: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    token_budget: int
+    num_running_requests: int
+    num_waiting_requests: int
+    num_kv_blocks_used: int
+    num_kv_blocks_free: int
+    num_prefix_cache_queried_tokens: int
+    num_prefix_cache_hit_tokens: int
+    num_preemptions: int
+    num_waits_no_blocks: int
+    num_waits_budget: int
+    num_waits_max_num_seqs: int
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens
+
+    @property
+    def num_scheduled_requests(self) -> int:
+        return self.num_prefill_requests + self.num_decode_requests
+
+    def as_dict(self) -> dict[str, int]:
+        record = dataclasses.asdict(self)
+        record["num_scheduled_tokens"] = self.num_scheduled_tokens
+        return record
+
+
+class BatchEntry(NamedTuple):
+    """One request of a step's batch, as scheduled (before the step ran)."""
+
+    request_id: str
+    num_scheduled_tokens: int
+    num_computed_tokens: int
+    is_prefill: bool
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What a step observer receives once a step has finished.
+
+    Attributes:
+        stats: the step's statistics.
+        batch: the scheduled requests in batch order.
+        requests: every request the scheduler held after scheduling (finished ones in
+            their final state), read after the step: status and counters are post-step.
+    """
+
+    stats: StepStats
+    batch: list[BatchEntry]
+    requests: list[Request]
+
+
+#: Called by the engine core after each step it ran (in the engine core's process).
+StepObserver = Callable[[StepRecord], None]
+
+
+class StatsRecorder:
+    """A step observer that keeps every step's :class:`StepStats` in ``steps``."""
+
+    def __init__(self) -> None:
+        self.steps: list[StepStats] = []
+
+    def __call__(self, record: StepRecord) -> None:
+        self.steps.append(record.stats)
+
+
+class TraceWriter:
+    """A step observer that writes JSONL: per step, one ``step`` line then ``request`` lines.
+
+    ``{"event": "step", "step_index": 3, "batch": [{"request_id": "0",
+    "num_scheduled_tokens": 1, "num_computed_tokens": 17, "phase": "decode"}, ...],
+    ...every StepStats field...}``
+
+    ``{"event": "request", "step_index": 3, "request_id": "0", "status": "running",
+    "num_computed_tokens": 18, "num_tokens": 19, "num_prompt_tokens": 17,
+    "num_output_tokens": 2, "num_preemptions": 0}`` for every request held that step
+    (counters after the step), so each request's lifecycle reads top to bottom.
+    """
+
+    def __init__(self, file: IO[str]) -> None:
+        self.file = file
+
+    def __call__(self, record: StepRecord) -> None:
+        stats = record.stats
+        batch = [
+            {
+                "request_id": entry.request_id,
+                "num_scheduled_tokens": entry.num_scheduled_tokens,
+                "num_computed_tokens": entry.num_computed_tokens,
+                "phase": "prefill" if entry.is_prefill else "decode",
+            }
+            for entry in record.batch
+        ]
+        lines = [json.dumps({"event": "step", **stats.as_dict(), "batch": batch})]
+        for request in record.requests:
+            lines.append(
+                json.dumps(
+                    {
+                        "event": "request",
+                        "step_index": stats.step_index,
+                        "request_id": request.request_id,
+                        "status": request.status.value,
+                        "num_computed_tokens": request.num_computed_tokens,
+                        "num_tokens": request.num_tokens,
+                        "num_prompt_tokens": request.num_prompt_tokens,
+                        "num_output_tokens": request.num_output_tokens,
+                        "num_preemptions": request.num_preemptions,
+                    }
+                )
+            )
+        self.file.write("\n".join(lines) + "\n")
