@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from vlite.core.attention_selection import resolve_attention_backend
 from vlite.core.config import VliteConfig
 from vlite.core.executor import Executor
 from vlite.core.kv_cache import KVCacheManager
@@ -11,7 +12,6 @@ from vlite.core.request import EngineCoreRequest, Request, RequestStatus
 from vlite.core.scheduler import Scheduler, SchedulerLimits
 from vlite.core.stats import BatchEntry, StepObserver, StepRecord, StepStats
 from vlite.models.spec import ModelSpec
-from vlite.plugins.attention.auto import resolve_attention_backend
 
 
 class EngineCore:

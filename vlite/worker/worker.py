@@ -6,12 +6,12 @@ import os
 
 import torch
 
+from vlite.core.attention_selection import resolve_attention_backend
 from vlite.core.config import VliteConfig
 from vlite.core.outputs import ModelRunnerOutput, SchedulerOutput
 from vlite.core.plugins import PluginRegistry
 from vlite.models.loader import build_model
 from vlite.models.spec import ModelSpec
-from vlite.plugins.attention.auto import resolve_attention_backend
 from vlite.worker.model_runner import ModelRunner
 
 _GIB = 1 << 30

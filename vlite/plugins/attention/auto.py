@@ -28,6 +28,13 @@ from typing import Any
 import torch
 
 from vlite.core.attention import AttentionBackend, AttentionMetadata
+from vlite.core.attention_selection import (  # noqa: F401  (re-exported for callers)
+    KIND,
+    dtype_name,
+    limits_violation,
+    resolve_attention_backend,
+    unavailable_reason,
+)
 from vlite.core.hookspecs import Register, hookimpl
 
 #: Device type -> registry names, most preferred first.
@@ -36,65 +43,6 @@ AUTO_PREFERENCES: dict[str, tuple[str, ...]] = {
     "cpu": ("torch",),
 }
 _FALLBACK_PREFERENCE = ("torch",)
-KIND = "attention_backend"
-
-
-def resolve_attention_backend(
-    name: str,
-    device: torch.device,
-    dtype: torch.dtype,
-    registry: Any,
-    *,
-    head_dim: int | None = None,
-    block_size: int | None = None,
-) -> tuple[str, type[AttentionBackend]]:
-    """The backend that ``name`` selects on ``device`` in ``dtype``: ``(name, class)``.
-
-    ``auto`` (any class with ``choose_backend``) becomes its choice; every backend is then
-    checked with its ``unavailable_reason``, if it has one.
-
-    Args:
-        registry: a :class:`~vlite.core.plugins.PluginRegistry`.
-        head_dim, block_size: the model's, when known, so ``auto`` skips backends whose
-            declared limits exclude them.
-
-    Raises:
-        ValueError: ``name`` is not registered, or the backend cannot run here; the
-            message says why and what to do.
-    """
-    backend_cls = registry.get(KIND, name)
-    choose = getattr(backend_cls, "choose_backend", None)
-    if choose is not None:
-        name = choose(device, dtype, registry, head_dim=head_dim, block_size=block_size)
-        backend_cls = registry.get(KIND, name)
-    reason = unavailable_reason(backend_cls, device, dtype)
-    if reason is not None:
-        raise ValueError(
-            f"attention backend {name!r} cannot run on {device.type} in "
-            f"{_dtype_name(dtype)}: {reason}"
-        )
-    return name, backend_cls
-
-
-def unavailable_reason(backend_cls: Any, device: torch.device, dtype: torch.dtype) -> str | None:
-    """The backend's own reason it cannot run here, or ``None``."""
-    check = getattr(backend_cls, "unavailable_reason", None)
-    return None if check is None else check(device, dtype)
-
-
-def limits_violation(
-    backend_cls: Any, dtype: torch.dtype, head_dim: int | None, block_size: int | None
-) -> str | None:
-    """Which declared limit (dtype, head dim, block size) excludes this shape, or ``None``."""
-    if dtype not in getattr(backend_cls, "supported_dtypes", ()):
-        return f"dtype {_dtype_name(dtype)}"
-    head_dims = getattr(backend_cls, "supported_head_dims", None)
-    if head_dim is not None and head_dims is not None and head_dim not in head_dims:
-        return f"head dim {head_dim}"
-    block_sizes = getattr(backend_cls, "supported_block_sizes", None)
-    if block_size is not None and block_sizes is not None and block_size not in block_sizes:
-        return f"block size {block_size}"
-    return None
 
 
 class AutoAttentionBackend(AttentionBackend):
@@ -156,7 +104,7 @@ class AutoAttentionBackend(AttentionBackend):
             reasons.append(f"{name}: {reason}")
         raise ValueError(
             f"attention backend 'auto' found no backend for {device.type} in "
-            f"{_dtype_name(dtype)}: " + "; ".join(reasons)
+            f"{dtype_name(dtype)}: " + "; ".join(reasons)
         )
 
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
@@ -172,10 +120,6 @@ class AutoAttentionBackend(AttentionBackend):
     ) -> torch.Tensor:
         """The delegate's :meth:`~AttentionBackend.forward`."""
         return self.delegate.forward(query, key, value, kv_cache, metadata)
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 @hookimpl
