@@ -371,3 +371,40 @@ def test_cached_prefix_for_a_request_that_holds_blocks_is_rejected():
 def test_invalid_sizes_are_rejected(num_blocks, block_size, field):
     with pytest.raises(ValueError, match=field):
         KVCacheManager(num_blocks, block_size)
+
+
+# ---- what a preemption would free --------------------------------------------------------
+
+
+def test_num_blocks_short_counts_the_blocks_missing_for_an_allocation():
+    kv = KVCacheManager(num_blocks=4, block_size=BLOCK_SIZE)
+    holder = make_request("holder", list(range(1, 10)))  # three blocks
+    admit(kv, holder)
+    newcomer = make_request("newcomer", list(range(20, 29)))  # needs three
+
+    assert kv.num_blocks_short(newcomer, newcomer.num_tokens) == 2
+    assert kv.num_blocks_short(newcomer, 4) == 0
+    assert kv.allocate_slots(newcomer, newcomer.num_tokens) is None
+    kv.free(holder)
+    assert kv.num_blocks_short(newcomer, newcomer.num_tokens) == 0
+
+
+def test_num_blocks_freed_by_counts_only_blocks_no_other_request_holds():
+    kv = KVCacheManager(num_blocks=8, block_size=BLOCK_SIZE)
+    shared_prefix = list(range(1, 9))  # two full blocks
+    first = make_request("first", [*shared_prefix, 50])
+    second = make_request("second", [*shared_prefix, 60])
+    admit(kv, first)
+    admit(kv, second)  # reuses the two prefix blocks, adds its own third
+    assert kv.num_used_blocks == 4
+
+    # Freeing one keeps the shared blocks held by the other: one block each.
+    assert kv.num_blocks_freed_by([first]) == 1
+    assert kv.num_blocks_freed_by([second]) == 1
+    # Freeing both frees all four; minus the two the caller keeps as its cached prefix.
+    assert kv.num_blocks_freed_by([first, second]) == 4
+    prefix = kv.find_cached_prefix(make_request("third", [*shared_prefix, 70]))
+    assert kv.num_blocks_freed_by([first, second], keep=prefix) == 2
+    kv.free(first)
+    kv.free(second)
+    assert kv.num_free_blocks == 8

@@ -143,12 +143,10 @@ class KVCacheManager:
         held = self._request_blocks.setdefault(request.request_id, [])
         if cached_prefix and held:
             raise ValueError(f"request {request.request_id!r} already holds blocks")
-        num_computed = len(cached_prefix) * self.block_size or request.num_computed_tokens
-        num_needed = self.num_blocks_for(num_computed + num_new_tokens)
-        num_to_take = num_needed - len(held) - len(cached_prefix)
-        num_revived = sum(1 for block in cached_prefix if block.ref_count == 0)
-        if num_to_take + num_revived > self.num_free_blocks:
+        if self.num_blocks_short(request, num_new_tokens, cached_prefix) > 0:
             return None
+        num_computed = len(cached_prefix) * self.block_size or request.num_computed_tokens
+        num_to_take = self._num_blocks_to_take(request, num_new_tokens, cached_prefix)
         new_blocks = list(cached_prefix)
         for block in cached_prefix:
             self._take_reference(block)
@@ -157,6 +155,45 @@ class KVCacheManager:
         if self.enable_prefix_caching:
             self._cache_full_blocks(request, held, num_computed + num_new_tokens)
         return [block.block_id for block in new_blocks]
+
+    def num_blocks_short(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        cached_prefix: Sequence[KVCacheBlock] = (),
+    ) -> int:
+        """How many more free blocks :meth:`allocate_slots` would need (0: it fits now)."""
+        num_to_take = self._num_blocks_to_take(request, num_new_tokens, cached_prefix)
+        num_revived = sum(1 for block in cached_prefix if block.ref_count == 0)
+        return max(0, num_to_take + num_revived - self.num_free_blocks)
+
+    def _num_blocks_to_take(
+        self, request: Request, num_new_tokens: int, cached_prefix: Sequence[KVCacheBlock]
+    ) -> int:
+        held = self._request_blocks.get(request.request_id, [])
+        num_computed = len(cached_prefix) * self.block_size or request.num_computed_tokens
+        num_needed = self.num_blocks_for(num_computed + num_new_tokens)
+        return num_needed - len(held) - len(cached_prefix)
+
+    def num_blocks_freed_by(
+        self, requests: Sequence[Request], keep: Sequence[KVCacheBlock] = ()
+    ) -> int:
+        """How many blocks would become free if all of ``requests`` were freed.
+
+        A block shared with a request not in ``requests`` stays held. Blocks in ``keep``
+        (the cached prefix the caller is about to reuse) are not counted: freeing them
+        only to take them back gains nothing.
+        """
+        references: dict[int, int] = {}
+        for request in requests:
+            for block in self._request_blocks.get(request.request_id, []):
+                references[block.block_id] = references.get(block.block_id, 0) + 1
+        kept = {block.block_id for block in keep}
+        return sum(
+            1
+            for block_id, count in references.items()
+            if count == self.blocks[block_id].ref_count and block_id not in kept
+        )
 
     def _take_reference(self, block: KVCacheBlock) -> None:
         if block.ref_count == 0:

@@ -111,9 +111,11 @@ class Scheduler(ABC):
 
         Called when ``request``, next in the waiting queue, cannot get its KV blocks and no
         preemption happened earlier in the step. ``running`` holds the candidates: running
-        requests not admitted in this step. The mechanism preempts the returned request
-        and tries again (so it may be called several times for one admission); ``None``
-        (the default) leaves ``request`` waiting for blocks to free up.
+        requests not admitted in this step, less those already named for this admission.
+        The mechanism asks again (without the named request) until the named requests
+        would free enough blocks, then preempts them all; ``None`` (the default) ends the
+        asking. If the named requests would not free enough, none is preempted and
+        ``request`` waits for blocks to free up.
         """
         return None
 
@@ -266,16 +268,40 @@ class Scheduler(ABC):
                 break
             block_ids = self.kv_cache_manager.allocate_slots(request, num_new, cached_prefix)
             if block_ids is None:
-                candidates = [r for r in self.running if r.request_id not in step.admitted_ids]
-                victim = self.should_preempt_for(request, candidates)
-                if victim is None:
+                victims = self._victims_to_admit(request, num_new, cached_prefix, step)
+                if not victims:
                     step.num_waits_no_blocks += 1
                     break
-                self._preempt(victim, step)
+                for victim in victims:
+                    self._preempt(victim, step)
                 continue
             self.waiting.pop(0)
             self._admit(request, block_ids, num_cached, step)
             step.add(request, num_new)
+
+    def _victims_to_admit(
+        self, request: Request, num_new: int, cached_prefix: list, step: _StepPlan
+    ) -> list[Request]:
+        """The requests :meth:`should_preempt_for` names, up to enough blocks for ``request``.
+
+        Empty when the policy names none, or when preempting every request it would name
+        still leaves ``request`` short of blocks (preempting them would waste their work).
+        """
+        kv_cache = self.kv_cache_manager
+        num_short = kv_cache.num_blocks_short(request, num_new, cached_prefix)
+        candidates = [r for r in self.running if r.request_id not in step.admitted_ids]
+        victims: list[Request] = []
+        while (victim := self.should_preempt_for(request, candidates)) is not None:
+            if not any(victim is candidate for candidate in candidates):
+                raise RuntimeError(
+                    f"{type(self).__name__}.should_preempt_for returned request "
+                    f"{victim.request_id!r}, which is not one of the candidates it was given"
+                )
+            victims.append(victim)
+            candidates = [r for r in candidates if r is not victim]
+            if kv_cache.num_blocks_freed_by(victims, keep=cached_prefix) >= num_short:
+                return victims
+        return []
 
     def _admit(
         self, request: Request, block_ids: list[int], num_cached: int, step: _StepPlan

@@ -146,3 +146,47 @@ def test_many_prioritised_requests_under_memory_pressure_finish_with_their_own_t
     assert driver.outputs == driver.expected
     assert driver.scheduler.num_preemptions > 0
     driver.check_all_finished_cleanly()
+
+
+def vip_and_low_fill_the_cache(arrival_prompt_len: int):
+    """Eight blocks of 4: "vip" (priority 0) holds five, "low" (priority 5) three.
+
+    Then "arrival" (priority 1) comes: only "low" is less urgent than it.
+    """
+    driver = make_driver(num_blocks=8)
+    driver.add("vip", list(range(1, 18)), 3, priority=0)
+    low = driver.add("low", list(range(31, 40)), 3, priority=5)
+    driver.step()
+    assert driver.kv_cache.num_free_blocks == 0
+    arrival = driver.add("arrival", list(range(51, 51 + arrival_prompt_len)), 3, priority=1)
+    return driver, low, arrival
+
+
+def test_an_urgent_arrival_preempts_nobody_when_that_would_not_free_enough_blocks():
+    # "arrival" needs four blocks; preempting "low" frees only three, so "low" keeps
+    # running instead of being recomputed for nothing.
+    driver, low, arrival = vip_and_low_fill_the_cache(arrival_prompt_len=13)
+
+    so = driver.step()
+
+    assert so.num_preempted == 0 and low.status is RequestStatus.RUNNING
+    assert arrival.status is RequestStatus.WAITING
+    assert set(so.num_scheduled_tokens) == {"vip", "low"}
+    assert driver.scheduler.last_step_stats.num_waits_no_blocks == 1
+    driver.run()
+    assert driver.outputs == driver.expected
+    assert low.num_preemptions == 0
+    driver.check_all_finished_cleanly()
+
+
+def test_an_urgent_arrival_preempts_when_the_freed_blocks_suffice():
+    # The contrast: a three-block arrival fits in what "low" frees.
+    driver, low, arrival = vip_and_low_fill_the_cache(arrival_prompt_len=12)
+
+    so = driver.step()
+
+    assert so.num_preempted == 1 and low.status is RequestStatus.PREEMPTED
+    assert arrival.status is RequestStatus.RUNNING
+    driver.run()
+    assert driver.outputs == driver.expected
+    driver.check_all_finished_cleanly()
