@@ -21,82 +21,26 @@ from __future__ import annotations
 import argparse
 import random
 import tempfile
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from vlite import LLM, SamplingParams
-
-
-@dataclass
-class Arrival:
-    """A request added to the engine just before step ``at_step``."""
-
-    at_step: int
-    request_id: str
-    prompt_token_ids: list[int]
-    max_tokens: int
-    priority: int = 0
-
-
-@dataclass
-class RunResult:
-    wall_s: float
-    num_output_tokens: int
-    ttft_s: dict[str, float] = field(default_factory=dict)
-    token_gaps_s: dict[str, list[float]] = field(default_factory=dict)
-
-    @property
-    def output_tokens_per_s(self) -> float:
-        return self.num_output_tokens / self.wall_s
-
-
-def run_workload(llm: LLM, arrivals: list[Arrival]) -> RunResult:
-    """Step the engine, adding each arrival before its step; time every token."""
-    engine = llm.llm_engine
-    pending = sorted(arrivals, key=lambda a: a.at_step)
-    added_at: dict[str, float] = {}
-    last_token_at: dict[str, float] = {}
-    result = RunResult(0.0, 0)
-    step = 0
-    start = time.perf_counter()
-    while pending or engine.has_unfinished_requests():
-        while pending and pending[0].at_step <= step:
-            arrival = pending.pop(0)
-            params = SamplingParams(max_tokens=arrival.max_tokens, temperature=0.0, ignore_eos=True)
-            prompt = {"prompt_token_ids": arrival.prompt_token_ids}
-            engine.add_request(arrival.request_id, prompt, params, arrival.priority)
-            added_at[arrival.request_id] = time.perf_counter()
-        outputs = engine.step() if engine.has_unfinished_requests() else []
-        now = time.perf_counter()
-        for output in outputs:
-            rid = output.request_id
-            num_tokens = len(output.outputs[0].token_ids)
-            if rid not in result.ttft_s and num_tokens:
-                result.ttft_s[rid] = now - added_at[rid]
-            elif rid in last_token_at:
-                result.token_gaps_s.setdefault(rid, []).append(now - last_token_at[rid])
-            last_token_at[rid] = now
-            if output.finished:
-                result.num_output_tokens += num_tokens
-        step += 1
-    result.wall_s = time.perf_counter() - start
-    return result
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+from vlite import LLM
+from vlite.bench.workload import (
+    Arrival,
+    WorkloadResult,
+    percentile,
+    random_token_ids,
+    run_workload,
+)
 
 
 def random_tokens(rng: random.Random, n: int) -> list[int]:
-    return [rng.randrange(4, 300) for _ in range(n)]
+    return random_token_ids(rng, n, vocab_size=300)
 
 
 def warm_up(llm: LLM) -> None:
-    run_workload(llm, [Arrival(0, "warm", list(range(4, 68)), 4)])
+    run_workload(llm.llm_engine, [Arrival(0, "warm", list(range(4, 68)), 4)])
 
 
 # ---- (a) chunked prefill ----------------------------------------------------------------
@@ -115,14 +59,11 @@ def chunked_prefill_case(args, model: str) -> None:
     for scheduler, budget in (("fcfs", 2048), ("chunked-prefill", args.chunk_budget)):
         llm = LLM(model=model, scheduler=scheduler, max_num_batched_tokens=budget, seed=0)
         warm_up(llm)
-        results[scheduler] = run_workload(llm, arrivals)
+        results[scheduler] = run_workload(llm.llm_engine, arrivals)
     fcfs, chunked = results["fcfs"], results["chunked-prefill"]
 
-    def p99_itl(result: RunResult) -> float:
-        gaps = [
-            g for rid, gs in result.token_gaps_s.items() if rid.startswith("decode") for g in gs
-        ]
-        return percentile(gaps, 0.99)
+    def p99_itl(result: WorkloadResult) -> float:
+        return percentile(result.all_token_gaps_s("decode"), 0.99)
 
     print(
         f"(a) chunked prefill: {args.num_decodes} decodes x {args.decode_tokens} tokens, "
@@ -158,7 +99,7 @@ def priority_case(args, model: str) -> None:
     for scheduler in ("fcfs", "priority"):
         llm = LLM(model=model, scheduler=scheduler, max_num_seqs=args.max_num_seqs, seed=0)
         warm_up(llm)
-        result = run_workload(llm, arrivals)
+        result = run_workload(llm.llm_engine, arrivals)
         urgent = [t for rid, t in result.ttft_s.items() if rid.startswith("urgent")]
         ttft[scheduler] = sum(urgent) / len(urgent)
     print(
@@ -188,10 +129,10 @@ def prefix_caching_case(args, model: str) -> None:
     for caching in (True, False):
         llm = LLM(model=model, enable_prefix_caching=caching, seed=0)
         warm_up(llm)
-        result = run_workload(llm, shared)
+        result = run_workload(llm.llm_engine, shared)
         later = [t for rid, t in result.ttft_s.items() if rid != "shared-0"]
         ttft[caching] = sum(later) / len(later)
-        throughput[caching] = run_workload(llm, distinct).output_tokens_per_s
+        throughput[caching] = run_workload(llm.llm_engine, distinct).output_tokens_per_s
     print(
         f"(c) prefix caching: {args.num_shared} requests sharing a {args.shared_prefix_len}-"
         f"token prefix, one at a time; {args.num_distinct} distinct prompts"

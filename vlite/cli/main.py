@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from vlite import __version__
+from vlite.cli.bench import bench_command
 from vlite.cli.config_cmd import config_group
 from vlite.cli.plugins_cmd import plugins_group
 from vlite.cli.run import run_command
@@ -23,6 +24,7 @@ def cli() -> None:
 cli.add_command(run_command)
 cli.add_command(plugins_group)
 cli.add_command(config_group)
+cli.add_command(bench_command)
 
 
 def main() -> None:

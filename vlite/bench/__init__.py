@@ -1,0 +1,1 @@
+"""Measuring the engine: workloads stepped through an ``LLMEngine``, and their latencies."""
