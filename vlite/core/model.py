@@ -17,6 +17,15 @@ class CausalLM(Protocol):
     is a ``transformers.PretrainedConfig`` and ``attn_backend_cls`` an
     :class:`~vlite.core.attention.AttentionBackend` subclass the model instantiates once
     with its own head shape; it is exposed as :attr:`attention`.
+
+    Tensor parallelism is optional. A class that supports it sets
+    ``supports_tensor_parallel = True``, accepts a ``tp_group=``
+    (:class:`~vlite.distributed.parallel_state.TensorParallelGroup`) keyword, which is
+    passed only when the world size is above 1, and may define a classmethod
+    ``check_tensor_parallel_size(hf_config, tensor_parallel_size)`` that raises
+    ``ValueError`` for a size the config cannot be split into (it runs before any worker
+    process starts). Its :meth:`compute_logits` must return the full vocabulary on every
+    rank, and :meth:`load_weights` receives full-sized tensors and keeps the rank's slice.
     """
 
     attention: AttentionBackend

@@ -36,6 +36,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "vlite.plugins.attention.auto",
     "vlite.plugins.samplers.default",
     "vlite.plugins.executors.uniproc",
+    "vlite.plugins.executors.multiproc",
     "vlite.models.llama",
 )
 

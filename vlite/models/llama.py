@@ -11,6 +11,13 @@ Differences between the four, all read from the Hugging Face config:
 For speed q/k/v are one fused ``qkv_proj`` and gate/up one fused ``gate_up_proj``;
 :meth:`LlamaForCausalLM.load_weights` copies each Hugging Face tensor into its slice.
 
+Tensor parallelism (a ``tp_group`` of world size > 1, see
+:mod:`vlite.models.parallel_layers`): attention heads, KV heads and the MLP's
+intermediate features are split over the ranks, ``o_proj``/``down_proj`` all-reduce, the
+LM head splits the vocabulary and all-gathers the logits. The embedding is replicated: a
+lookup of the step's tokens then needs no collective (a vocabulary-parallel embedding
+would cost one all-reduce of ``[num_tokens, hidden]`` per step to save its memory).
+
 Parameters are created in ``torch.get_default_dtype()`` on the default device:
 :func:`vlite.models.loader.build_model` sets both while constructing. Calling ``.to(dtype)``
 afterwards also works (the RoPE cos/sin cache then follows the dtype).
@@ -23,6 +30,7 @@ exact while contexts stay within the window (the window is exposed as
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -32,6 +40,13 @@ from torch import nn
 
 from vlite.core.attention import AttentionBackend, AttentionMetadata
 from vlite.core.hookspecs import Register, hookimpl
+from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
+from vlite.models.parallel_layers import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    ShardedModule,
+    VocabParallelLMHead,
+)
 from vlite.models.rope import RotaryEmbedding
 from vlite.models.spec import head_dim_of
 
@@ -85,10 +100,17 @@ def _check_supported(config: Any) -> None:
 class LlamaAttention(nn.Module):
     """Self-attention: fused qkv projection, optional q/k norm, RoPE, paged attention."""
 
-    def __init__(self, config: Any, attention: AttentionBackend, rotary: RotaryEmbedding):
+    def __init__(
+        self,
+        config: Any,
+        attention: AttentionBackend,
+        rotary: RotaryEmbedding,
+        tp_group: TensorParallelGroup = SINGLE_RANK,
+    ):
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
+        # This rank's heads (all of them at world size 1).
+        self.num_heads = config.num_attention_heads // tp_group.world_size
+        self.num_kv_heads = config.num_key_value_heads // tp_group.world_size
         self.head_dim = head_dim_of(config)
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
@@ -96,8 +118,12 @@ class LlamaAttention(nn.Module):
         qkv_bias = True if _is_qwen2(config) else attention_bias
         o_bias = False if _is_qwen2(config) else attention_bias
         hidden = config.hidden_size
-        self.qkv_proj = nn.Linear(hidden, self.q_size + 2 * self.kv_size, bias=qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, hidden, bias=o_bias)
+        full_q = config.num_attention_heads * self.head_dim
+        full_kv = config.num_key_value_heads * self.head_dim
+        self.qkv_proj = ColumnParallelLinear(
+            hidden, {"q": full_q, "k": full_kv, "v": full_kv}, qkv_bias, tp_group
+        )
+        self.o_proj = RowParallelLinear(full_q, hidden, o_bias, tp_group)
         self.has_qk_norm = getattr(config, "model_type", "") == "qwen3"
         if self.has_qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -106,11 +132,6 @@ class LlamaAttention(nn.Module):
         # in several places is moved/cast once by .to()).
         self.attention = attention
         self.rotary_emb = rotary
-
-    def shard_slices(self) -> dict[str, slice]:
-        """Rows of ``qkv_proj`` that hold each of q, k, v."""
-        q, kv = self.q_size, self.kv_size
-        return {"q": slice(0, q), "k": slice(q, q + kv), "v": slice(q + kv, q + 2 * kv)}
 
     def forward(
         self,
@@ -135,20 +156,17 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     """SwiGLU feed-forward with a fused gate/up projection."""
 
-    def __init__(self, config: Any):
+    def __init__(self, config: Any, tp_group: TensorParallelGroup = SINGLE_RANK):
         super().__init__()
         bias = bool(getattr(config, "mlp_bias", False))
-        self.intermediate_size = config.intermediate_size
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * self.intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(self.intermediate_size, config.hidden_size, bias=bias)
-
-    def shard_slices(self) -> dict[str, slice]:
-        """Rows of ``gate_up_proj`` that hold each of gate, up."""
-        n = self.intermediate_size
-        return {"gate": slice(0, n), "up": slice(n, 2 * n)}
+        size = config.intermediate_size
+        self.gate_up_proj = ColumnParallelLinear(
+            config.hidden_size, {"gate": size, "up": size}, bias, tp_group
+        )
+        self.down_proj = RowParallelLinear(size, config.hidden_size, bias, tp_group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``[T, hidden_size]`` -> ``[T, hidden_size]``."""
+        """``[T, hidden_size]`` -> ``[T, hidden_size]`` (this rank's share of the features)."""
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
@@ -156,10 +174,16 @@ class LlamaMLP(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm block: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``, in HF's order."""
 
-    def __init__(self, config: Any, attention: AttentionBackend, rotary: RotaryEmbedding):
+    def __init__(
+        self,
+        config: Any,
+        attention: AttentionBackend,
+        rotary: RotaryEmbedding,
+        tp_group: TensorParallelGroup = SINGLE_RANK,
+    ):
         super().__init__()
-        self.self_attn = LlamaAttention(config, attention, rotary)
-        self.mlp = LlamaMLP(config)
+        self.self_attn = LlamaAttention(config, attention, rotary, tp_group)
+        self.mlp = LlamaMLP(config, tp_group)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -180,11 +204,18 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     """Embedding, decoder layers and final norm (HF's ``model.`` prefix)."""
 
-    def __init__(self, config: Any, attention: AttentionBackend, rotary: RotaryEmbedding):
+    def __init__(
+        self,
+        config: Any,
+        attention: AttentionBackend,
+        rotary: RotaryEmbedding,
+        tp_group: TensorParallelGroup = SINGLE_RANK,
+    ):
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)  # replicated
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, attention, rotary) for _ in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, attention, rotary, tp_group)
+            for _ in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -197,29 +228,49 @@ class LlamaForCausalLM(nn.Module):
         attn_backend_cls: the attention backend class, instantiated once as
             :attr:`attention` and shared by every layer.
         block_size: tokens per KV-cache block.
+        tp_group: the ranks the model is split over (see
+            :func:`check_tensor_parallel_size` for the sizes a config allows).
     """
 
+    #: Accepts a ``tp_group`` of any world size :func:`check_tensor_parallel_size` allows.
+    supports_tensor_parallel = True
+
     def __init__(
-        self, hf_config: Any, attn_backend_cls: type[AttentionBackend], block_size: int
+        self,
+        hf_config: Any,
+        attn_backend_cls: type[AttentionBackend],
+        block_size: int,
+        tp_group: TensorParallelGroup = SINGLE_RANK,
     ) -> None:
         super().__init__()
         _check_supported(hf_config)
+        check_tensor_parallel_size(hf_config, tp_group.world_size)
         self.config = hf_config
+        self.tp_group = tp_group
         self.num_layers: int = hf_config.num_hidden_layers
         self.head_dim = head_dim_of(hf_config)
         self.sliding_window: int | None = getattr(hf_config, "sliding_window", None)
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
         self.attention: AttentionBackend = attn_backend_cls(
-            hf_config.num_attention_heads,
-            hf_config.num_key_value_heads,
+            hf_config.num_attention_heads // tp_group.world_size,
+            hf_config.num_key_value_heads // tp_group.world_size,
             self.head_dim,
             scale=self.head_dim**-0.5,
             block_size=block_size,
         )
         self.rotary_emb = RotaryEmbedding.from_config(hf_config, self.head_dim)
-        self.model = LlamaModel(hf_config, self.attention, self.rotary_emb)
-        if not self.tie_word_embeddings:
-            self.lm_head = nn.Linear(hf_config.hidden_size, hf_config.vocab_size, bias=False)
+        self.model = LlamaModel(hf_config, self.attention, self.rotary_emb, tp_group)
+        self.lm_head = VocabParallelLMHead(
+            hf_config.vocab_size,
+            hf_config.hidden_size,
+            has_weight=not self.tie_word_embeddings,
+            tp_group=tp_group,
+        )
+
+    @classmethod
+    def check_tensor_parallel_size(cls, hf_config: Any, tensor_parallel_size: int) -> None:
+        """Raise ``ValueError`` unless ``hf_config`` splits over ``tensor_parallel_size``."""
+        check_tensor_parallel_size(hf_config, tensor_parallel_size)
 
     def forward(
         self,
@@ -237,14 +288,15 @@ class LlamaForCausalLM(nn.Module):
         return self.model.norm(hidden)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """``[n, hidden_size]`` -> ``[n, vocab_size]`` float32 logits."""
-        weight = self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
-        return F.linear(hidden_states, weight).float()
+        """``[n, hidden_size]`` -> ``[n, vocab_size]`` float32 logits (full on every rank)."""
+        tied = self.model.embed_tokens.weight if self.tie_word_embeddings else None
+        return self.lm_head(hidden_states, tied)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy Hugging Face-named tensors into the (partly fused) parameters.
+        """Copy Hugging Face-named tensors into the (partly fused, maybe sharded) parameters.
 
-        Rotary buffers (``rotary_emb.inv_freq`` and the like) and, with tied embeddings,
+        Every tensor is full-sized; a sharded layer keeps this rank's slice. Rotary buffers
+        (``rotary_emb.inv_freq`` and the like) and, with tied embeddings,
         ``lm_head.weight`` are skipped. Raises ``ValueError`` for an unknown name, a shape
         mismatch, or any parameter (or fused shard) left unloaded.
         """
@@ -258,36 +310,65 @@ class LlamaForCausalLM(nn.Module):
             name, shard = _map_name(hf_name)
             if name not in params:
                 raise ValueError(f"unexpected weight {hf_name!r} for {type(self).__name__}")
-            target = params[name].data
-            if shard is not None:
-                target = target[self._shard_slice(name, shard)]
-            if target.shape != tensor.shape:
+            module_name, leaf = name.rsplit(".", 1)
+            module = self.get_submodule(module_name)
+            if isinstance(module, ShardedModule):
+                expected = module.full_shape(leaf, shard)
+            else:
+                expected = tuple(params[name].shape)
+            if tuple(tensor.shape) != expected:
                 raise ValueError(
-                    f"weight {hf_name!r} has shape {tuple(tensor.shape)}, "
-                    f"expected {tuple(target.shape)}"
+                    f"weight {hf_name!r} has shape {tuple(tensor.shape)}, expected {expected}"
                 )
-            target.copy_(tensor)
+            if isinstance(module, ShardedModule):
+                module.load_full(leaf, tensor, shard)
+            else:
+                params[name].data.copy_(tensor)
             pending.discard((name, shard))
         if pending:
             missing = sorted(f"{n} ({s})" if s else n for n, s in pending)
             raise ValueError(f"missing weights: {', '.join(missing[:10])} ({len(missing)} total)")
 
-    def _shard_slice(self, param_name: str, shard: str) -> slice:
-        """Rows of a fused parameter (``...qkv_proj.weight`` etc.) that hold ``shard``."""
-        module = self.get_submodule(param_name.rsplit(".", 2)[0])
-        return module.shard_slices()[shard]
-
     def _expected_shards(self) -> set[tuple[str, str | None]]:
         """Every ``(parameter name, shard)`` a complete checkpoint must provide."""
         expected: set[tuple[str, str | None]] = set()
         for name, _ in self.named_parameters():
-            module_name = name.rsplit(".", 2)[0]
-            if name.rsplit(".", 2)[1] in ("qkv_proj", "gate_up_proj"):
-                shards = self.get_submodule(module_name).shard_slices()
-                expected.update((name, shard) for shard in shards)
-            else:
-                expected.add((name, None))
+            module = self.get_submodule(name.rsplit(".", 1)[0])
+            pieces = module.piece_names if isinstance(module, ShardedModule) else ()
+            expected.update((name, piece) for piece in pieces or (None,))
         return expected
+
+
+def check_tensor_parallel_size(hf_config: Any, tensor_parallel_size: int) -> None:
+    """Raise ``ValueError`` unless the model splits evenly over ``tensor_parallel_size`` ranks.
+
+    Attention heads, KV heads and the MLP's intermediate features are split; KV heads are
+    not replicated, so ``tensor_parallel_size`` may not exceed ``num_key_value_heads``. The
+    message names the values that do not divide and the sizes the model allows.
+    """
+    if tensor_parallel_size == 1:
+        return
+    sizes = {
+        "num_attention_heads": hf_config.num_attention_heads,
+        "num_key_value_heads": hf_config.num_key_value_heads,
+        "intermediate_size": hf_config.intermediate_size,
+    }
+    bad = [f"{name}={value}" for name, value in sizes.items() if value % tensor_parallel_size]
+    if not bad:
+        return
+    common = math.gcd(*sizes.values())
+    allowed = [size for size in range(1, common + 1) if common % size == 0]
+    note = ""
+    if tensor_parallel_size > hf_config.num_key_value_heads:
+        note = (
+            f"; vlite does not replicate KV heads, so tensor_parallel_size cannot exceed "
+            f"num_key_value_heads={hf_config.num_key_value_heads}"
+        )
+    raise ValueError(
+        f"{getattr(hf_config, 'model_type', 'the model')}: tensor_parallel_size="
+        f"{tensor_parallel_size} does not divide {', '.join(bad)}{note}; this model "
+        f"supports tensor_parallel_size in {{{', '.join(map(str, allowed))}}}"
+    )
 
 
 def _map_name(hf_name: str) -> tuple[str, str | None]:

@@ -14,6 +14,8 @@ from safetensors import safe_open
 from torch import nn
 
 from vlite.core.attention import AttentionBackend
+from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
+from vlite.models.parallel_layers import ShardedModule
 
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -84,7 +86,9 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
 def init_dummy_weights(model: nn.Module, std: float = DUMMY_WEIGHT_STD, seed: int = DUMMY_SEED):
     """Deterministically randomise weights: matrices ~ N(0, std), norms 1, biases 0.
 
-    Values are drawn on the CPU from a seeded generator, so they do not depend on the device.
+    Values are drawn on the CPU from a seeded generator, so they do not depend on the device;
+    a sharded layer (:class:`~vlite.models.parallel_layers.ShardedModule`) draws its full
+    matrix and keeps its rank's slice, so every tensor-parallel size gets the same model.
     """
     generator = torch.Generator(device="cpu").manual_seed(seed)
     for name, param in model.named_parameters():
@@ -93,8 +97,15 @@ def init_dummy_weights(model: nn.Module, std: float = DUMMY_WEIGHT_STD, seed: in
         elif param.dim() == 1:
             param.data.fill_(1.0)
         else:
-            values = torch.randn(param.shape, generator=generator, dtype=torch.float32) * std
-            param.data.copy_(values)
+            module_name, leaf = name.rsplit(".", 1)
+            module = model.get_submodule(module_name)
+            is_sharded = isinstance(module, ShardedModule)
+            shape = module.full_shape(leaf) if is_sharded else param.shape
+            values = torch.randn(shape, generator=generator, dtype=torch.float32) * std
+            if is_sharded:
+                module.load_full(leaf, values)
+            else:
+                param.data.copy_(values)
 
 
 def build_model(
@@ -108,6 +119,7 @@ def build_model(
     load_format: str = "auto",
     folder: str | Path | None = None,
     weights: Iterable[tuple[str, torch.Tensor]] | None = None,
+    tp_group: TensorParallelGroup = SINGLE_RANK,
 ) -> nn.Module:
     """Construct ``model_cls(hf_config, attn_backend_cls, block_size)`` and fill its weights.
 
@@ -121,6 +133,8 @@ def build_model(
         weights: ``(Hugging Face name, tensor)`` pairs from any source, consumed lazily
             (e.g. ``ModelSpec.iter_weights()``, safetensors or GGUF); not touched for
             ``"dummy"``. Exactly one of ``folder`` and ``weights`` is needed otherwise.
+        tp_group: the ranks the model is split over; at world size > 1 the class must set
+            ``supports_tensor_parallel = True`` and is constructed with ``tp_group=``.
 
     Returns:
         The model in eval mode, on ``device``, in ``dtype``, with ``requires_grad=False``.
@@ -132,8 +146,16 @@ def build_model(
     if load_format != "dummy" and folder is None and weights is None:
         raise ValueError(f"load_format={load_format!r} needs a model folder or weights")
     device = torch.device(device)
+    parallel_kwargs = {}
+    if tp_group.is_parallel:
+        if not getattr(model_cls, "supports_tensor_parallel", False):
+            raise ValueError(
+                f"model class {model_cls.__qualname__} does not support tensor parallelism "
+                f"(tensor_parallel_size={tp_group.world_size}); use tensor_parallel_size=1"
+            )
+        parallel_kwargs["tp_group"] = tp_group
     with default_dtype(dtype), device, torch.no_grad():
-        model = model_cls(hf_config, attn_backend_cls, block_size)
+        model = model_cls(hf_config, attn_backend_cls, block_size, **parallel_kwargs)
     model.requires_grad_(False)
     with torch.no_grad():
         if load_format == "dummy":

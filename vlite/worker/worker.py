@@ -10,6 +10,7 @@ from vlite.core.attention_selection import resolve_attention_backend
 from vlite.core.config import VliteConfig
 from vlite.core.outputs import ModelRunnerOutput, SchedulerOutput
 from vlite.core.plugins import PluginRegistry
+from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vlite.models.loader import build_model
 from vlite.models.spec import ModelSpec
 from vlite.worker.model_runner import ModelRunner
@@ -20,12 +21,26 @@ _CUDA_FREE_MEMORY_FRACTION = 0.9
 
 
 class Worker:
-    """Loads the model, sizes and allocates the KV cache, and runs steps on its device."""
+    """Loads the model, sizes and allocates the KV cache, and runs steps on its device.
 
-    def __init__(self, config: VliteConfig, registry: PluginRegistry) -> None:
+    Args:
+        config: the engine configuration.
+        registry: the plugin classes (model, attention backend, sampler).
+        tp_group: the tensor-parallel ranks this worker's model shard belongs to.
+        device: the device to use; default ``config.torch_device``.
+    """
+
+    def __init__(
+        self,
+        config: VliteConfig,
+        registry: PluginRegistry,
+        tp_group: TensorParallelGroup = SINGLE_RANK,
+        device: torch.device | None = None,
+    ) -> None:
         self.config = config
         self.registry = registry
-        self.device = config.torch_device
+        self.tp_group = tp_group
+        self.device = device if device is not None else config.torch_device
         self.dtype = config.torch_dtype
         self.model_spec = ModelSpec.from_config(config)
         self.model_runner: ModelRunner | None = None
@@ -62,6 +77,7 @@ class Worker:
             device=self.device,
             load_format=self.config.load_format,
             weights=spec.iter_weights(),
+            tp_group=self.tp_group,
         )
         sampler = self.registry.get("sampler", self.config.sampler)()
         self.model_runner = ModelRunner(model, sampler, self.config.block_size, self.device)

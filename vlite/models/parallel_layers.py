@@ -1,0 +1,218 @@
+"""Tensor-parallel layers: linears and an LM head that each hold one rank's share.
+
+Megatron-style split of a transformer block over ``world_size`` ranks:
+
+- :class:`ColumnParallelLinear` splits *output* features; a fused projection (q/k/v,
+  gate/up) splits each of its pieces separately, so every rank holds whole heads and
+  matching gate/up rows, and its output needs no communication;
+- :class:`RowParallelLinear` splits *input* features (it consumes a column-parallel
+  output), so each rank computes a partial sum that is all-reduced; its bias is added
+  once, after the reduce;
+- :class:`VocabParallelLMHead` splits the vocabulary and all-gathers the logits, so every
+  rank holds the full ``[n, vocab_size]`` logits (and can sample by itself).
+
+Each layer loads *full* Hugging Face tensors and keeps its rank's slice
+(:class:`ShardedModule`), so a loader never needs to know how a layer is split. At world
+size 1 every layer computes exactly what ``nn.Linear`` computes, with no collective.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
+
+
+class ShardedModule(nn.Module):
+    """A module whose parameters are slices of full (Hugging Face-shaped) tensors.
+
+    ``leaf`` is a parameter's own name (``"weight"``, ``"bias"``); ``piece`` names one part
+    of a fused parameter (``"q"``, ``"gate"``) or is ``None`` for an unfused one.
+    """
+
+    #: The parts of a fused parameter, in their order along the output dim (``()``: unfused).
+    piece_names: tuple[str, ...] = ()
+
+    @abstractmethod
+    def full_shape(self, leaf: str, piece: str | None = None) -> tuple[int, ...]:
+        """Shape of the full tensor of ``leaf`` (of one ``piece`` of it, when given)."""
+
+    @abstractmethod
+    def load_full(self, leaf: str, tensor: torch.Tensor, piece: str | None = None) -> None:
+        """Copy this rank's slice of the full ``tensor`` (shaped by :meth:`full_shape`)."""
+
+
+def _check_shape(tensor: torch.Tensor, expected: tuple[int, ...]) -> None:
+    if tuple(tensor.shape) != expected:
+        raise ValueError(f"shape {tuple(tensor.shape)} does not match expected {expected}")
+
+
+class ColumnParallelLinear(ShardedModule):
+    """``y = x W^T + b`` with output features split over the ranks, piece by piece.
+
+    Args:
+        input_size: input features (every rank sees all of them).
+        output_sizes: full output features of each piece, in order, e.g.
+            ``{"q": q_size, "k": kv_size, "v": kv_size}``; each must split evenly.
+        bias: whether there is a bias (split like the output).
+        tp_group: the ranks to split over.
+
+    The local weight is ``[sum(output_sizes) / world_size, input_size]``: this rank's rows
+    of each piece, concatenated in piece order.
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        output_sizes: dict[str, int],
+        bias: bool,
+        tp_group: TensorParallelGroup = SINGLE_RANK,
+    ) -> None:
+        super().__init__()
+        self.tp_group = tp_group
+        self.input_size = input_size
+        self.output_sizes = dict(output_sizes)
+        self.piece_names = tuple(output_sizes)
+        self.local_sizes = {
+            name: size // tp_group.world_size for name, size in output_sizes.items()
+        }
+        for size in output_sizes.values():
+            tp_group.shard_range(size)  # raises when the piece does not split evenly
+        local_total = sum(self.local_sizes.values())
+        self.weight = nn.Parameter(torch.empty(local_total, input_size))
+        self.bias = nn.Parameter(torch.empty(local_total)) if bias else None
+
+    def local_slices(self) -> dict[str, slice]:
+        """Rows of the local weight (and bias) that hold each piece."""
+        slices, start = {}, 0
+        for name, size in self.local_sizes.items():
+            slices[name] = slice(start, start + size)
+            start += size
+        return slices
+
+    def full_shape(self, leaf: str, piece: str | None = None) -> tuple[int, ...]:
+        rows = sum(self.output_sizes.values()) if piece is None else self.output_sizes[piece]
+        return (rows, self.input_size) if leaf == "weight" else (rows,)
+
+    def load_full(self, leaf: str, tensor: torch.Tensor, piece: str | None = None) -> None:
+        """Load one piece (``piece`` given) or the whole fused tensor (``piece=None``)."""
+        _check_shape(tensor, self.full_shape(leaf, piece))
+        target = getattr(self, leaf).data
+        pieces = self.piece_names if piece is None else (piece,)
+        full_start = 0
+        for name in pieces:
+            full_piece = (
+                tensor
+                if piece is not None
+                else tensor.narrow(0, full_start, self.output_sizes[name])
+            )
+            full_start += self.output_sizes[name]
+            start, end = self.tp_group.shard_range(self.output_sizes[name])
+            target[self.local_slices()[name]].copy_(full_piece[start:end])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[T, input_size]`` -> ``[T, sum(output_sizes) / world_size]``."""
+        return F.linear(x, self.weight, self.bias)
+
+
+class RowParallelLinear(ShardedModule):
+    """``y = x W^T + b`` with input features split over the ranks and the result all-reduced.
+
+    Args:
+        input_size: full input features; this rank receives ``input_size / world_size`` of
+            them (the output of a :class:`ColumnParallelLinear`).
+        output_size: output features (every rank gets all of them).
+        bias: whether there is a bias (replicated, added once after the reduce).
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool,
+        tp_group: TensorParallelGroup = SINGLE_RANK,
+    ) -> None:
+        super().__init__()
+        self.tp_group = tp_group
+        self.input_size = input_size
+        self.output_size = output_size
+        self.is_parallel = tp_group.is_parallel  # read per call: a plain attribute
+        self.input_start, input_end = tp_group.shard_range(input_size)
+        self.weight = nn.Parameter(torch.empty(output_size, input_end - self.input_start))
+        self.bias = nn.Parameter(torch.empty(output_size)) if bias else None
+
+    def full_shape(self, leaf: str, piece: str | None = None) -> tuple[int, ...]:
+        return (self.output_size, self.input_size) if leaf == "weight" else (self.output_size,)
+
+    def load_full(self, leaf: str, tensor: torch.Tensor, piece: str | None = None) -> None:
+        _check_shape(tensor, self.full_shape(leaf))
+        if leaf == "weight":
+            tensor = tensor.narrow(1, self.input_start, self.weight.shape[1])
+        getattr(self, leaf).data.copy_(tensor)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[T, input_size / world_size]`` -> ``[T, output_size]`` (summed over ranks)."""
+        if not self.is_parallel:
+            return F.linear(x, self.weight, self.bias)
+        out = self.tp_group.all_reduce(F.linear(x, self.weight))
+        return out if self.bias is None else out + self.bias
+
+
+class VocabParallelLMHead(ShardedModule):
+    """The output projection, with vocabulary rows split over the ranks.
+
+    Each rank holds ``ceil(vocab_size / world_size)`` rows (the last rank fewer when the
+    vocabulary does not split evenly; its logits are padded before the gather). With tied
+    embeddings the module owns no weight: :meth:`forward` takes the embedding matrix and
+    uses this rank's rows of it.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int,
+        has_weight: bool,
+        tp_group: TensorParallelGroup = SINGLE_RANK,
+    ) -> None:
+        super().__init__()
+        self.tp_group = tp_group
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.is_parallel = tp_group.is_parallel
+        self.rows_per_rank = -(-vocab_size // tp_group.world_size)
+        self.vocab_start = min(tp_group.rank * self.rows_per_rank, vocab_size)
+        self.vocab_end = min(self.vocab_start + self.rows_per_rank, vocab_size)
+        if has_weight:
+            self.weight = nn.Parameter(torch.empty(self.vocab_end - self.vocab_start, hidden_size))
+        else:
+            self.weight = None
+
+    def full_shape(self, leaf: str, piece: str | None = None) -> tuple[int, ...]:
+        return (self.vocab_size, self.hidden_size)
+
+    def load_full(self, leaf: str, tensor: torch.Tensor, piece: str | None = None) -> None:
+        _check_shape(tensor, self.full_shape(leaf))
+        self.weight.data.copy_(tensor[self.vocab_start : self.vocab_end])
+
+    def forward(
+        self, hidden: torch.Tensor, tied_weight: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``[n, hidden_size]`` -> ``[n, vocab_size]`` float32 logits, full on every rank.
+
+        ``tied_weight`` is the full ``[vocab_size, hidden_size]`` embedding when the head
+        owns no weight.
+        """
+        weight = self.weight if tied_weight is None else tied_weight
+        if not self.is_parallel:
+            return F.linear(hidden, weight).float()
+        if tied_weight is not None:
+            weight = weight[self.vocab_start : self.vocab_end]
+        local = F.linear(hidden, weight)
+        missing = self.rows_per_rank - local.shape[-1]
+        if missing:
+            local = F.pad(local, (0, missing))
+        return self.tp_group.all_gather(local, dim=-1)[:, : self.vocab_size].float()
