@@ -8,16 +8,21 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    # LLM pulls in torch and transformers; import it only when asked for.
+    # LLM and AsyncLLM pull in torch and transformers; import them only when asked for.
     if name == "LLM":
         from vlite.engine.llm import LLM
 
         return LLM
+    if name == "AsyncLLM":
+        from vlite.engine.async_llm import AsyncLLM
+
+        return AsyncLLM
     raise AttributeError(f"module 'vlite' has no attribute {name!r}")
 
 
 __all__ = [
     "LLM",
+    "AsyncLLM",
     "PLUGIN_API_VERSION",
     "CompletionOutput",
     "RequestOutput",

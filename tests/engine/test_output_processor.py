@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vlite.core.outputs import EngineCoreOutput
+from vlite.core.outputs import EngineCoreOutput, RequestOutputKind
 from vlite.core.request import EngineCoreRequest
 from vlite.core.sampling_params import SamplingParams
 from vlite.engine.output_processor import OutputProcessor
@@ -161,3 +161,76 @@ def test_stop_string_in_the_last_token_of_a_length_capped_request_reports_stop(p
     assert completion.text == "The quick brown "
     assert processed.request_ids_to_stop == []  # the core has already finished it
     assert (completion.finish_reason, completion.stop_reason) == ("stop", "fox")
+
+
+def test_delta_outputs_carry_only_what_is_new(processor, encode):
+    add_kind(processor, encode, "a", RequestOutputKind.DELTA)
+    token_ids = encode(TEXT)
+
+    outputs = [
+        processor.process_outputs([EngineCoreOutput("a", token_ids[i : i + 3])]).request_outputs[0]
+        for i in range(0, len(token_ids) - 3, 3)
+    ]
+    last = processor.process_outputs(
+        [EngineCoreOutput("a", token_ids[len(outputs) * 3 :], finish_reason="length")]
+    ).request_outputs[0]
+
+    deltas = [*outputs, last]
+    assert "".join(o.outputs[0].text for o in deltas) == TEXT
+    assert sum((o.outputs[0].token_ids for o in deltas), []) == token_ids
+    assert [o.finished for o in deltas] == [False] * len(outputs) + [True]
+
+
+def test_streamed_text_holds_back_what_a_stop_string_could_still_claim(processor, encode):
+    """Without the hold-back, "The quick b" would be shown and then cut to "The quick "."""
+    add_kind(processor, encode, "a", RequestOutputKind.CUMULATIVE, stop=["brown"])
+    add_kind(processor, encode, "d", RequestOutputKind.DELTA, stop=["brown"])
+    token_ids = encode(TEXT)
+
+    cumulative, deltas = [], []
+    for token_id in token_ids:
+        step = processor.process_outputs(
+            [EngineCoreOutput("a", [token_id]), EngineCoreOutput("d", [token_id])]
+        ).request_outputs
+        cumulative += [o for o in step if o.request_id == "a"]
+        deltas += [o for o in step if o.request_id == "d"]
+        if not processor.has_unfinished_requests():
+            break
+
+    texts = [o.outputs[0].text for o in cumulative]
+    assert texts[-1] == "The quick " and cumulative[-1].outputs[0].stop_reason == "brown"
+    assert all(later.startswith(earlier) for earlier, later in zip(texts, texts[1:]))
+    assert all(len(text) <= len("The quick ") for text in texts)
+    assert "".join(o.outputs[0].text for o in deltas) == "The quick "
+
+
+def test_final_only_requests_get_one_output(processor, encode):
+    add_kind(processor, encode, "a", RequestOutputKind.FINAL_ONLY)
+    token_ids = encode(TEXT)
+
+    first = processor.process_outputs([EngineCoreOutput("a", token_ids[:3])])
+    last = processor.process_outputs([EngineCoreOutput("a", token_ids[3:], finish_reason="length")])
+
+    assert first.request_outputs == []
+    assert last.request_outputs[0].outputs[0].text == TEXT
+
+
+def test_aborting_returns_a_final_abort_output_for_known_requests(processor, encode):
+    add(processor, encode, "a")
+    processor.process_outputs([EngineCoreOutput("a", encode("Hi"))])
+
+    (output,) = processor.abort_requests(["a", "unknown"])
+
+    assert output.finished and output.outputs[0].finish_reason == "abort"
+    assert output.outputs[0].text == "Hi"
+
+
+def test_a_request_id_in_use_is_refused(processor, encode):
+    add(processor, encode, "a")
+    with pytest.raises(ValueError, match="already in use"):
+        add(processor, encode, "a")
+
+
+def add_kind(processor, encode, request_id: str, kind: RequestOutputKind, **params) -> None:
+    core_request = EngineCoreRequest(request_id, encode("Tell me"), SamplingParams(**params))
+    processor.add_request(core_request, "Tell me", kind)

@@ -9,6 +9,7 @@ from vlite.cli.bench import bench_command
 from vlite.cli.config_cmd import config_group
 from vlite.cli.plugins_cmd import plugins_group
 from vlite.cli.run import run_command
+from vlite.cli.serve import serve_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -17,11 +18,13 @@ def cli() -> None:
     """vlite: a small, fast, plugin-architected LLM inference engine.
 
     Run `vlite run "Hello"` to generate with the default model (SmolLM2-135M-Instruct),
-    and `vlite COMMAND --help` for each command's options.
+    `vlite serve` for an OpenAI-compatible server, and `vlite COMMAND --help` for each
+    command's options.
     """
 
 
 cli.add_command(run_command)
+cli.add_command(serve_command)
 cli.add_command(plugins_group)
 cli.add_command(config_group)
 cli.add_command(bench_command)

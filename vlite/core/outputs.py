@@ -7,6 +7,7 @@ what changed for the others; workers keep their own per-request state.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 import msgspec
@@ -86,6 +87,19 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True):
     outputs: list[EngineCoreOutput] = msgspec.field(default_factory=list)
+
+
+class RequestOutputKind(enum.Enum):
+    """What a streaming consumer receives for each step (vLLM's names).
+
+    * ``CUMULATIVE``: each RequestOutput holds all the text and tokens so far.
+    * ``DELTA``: each holds only what is new since the previous one (for SSE streaming).
+    * ``FINAL_ONLY``: a single RequestOutput, when the request finishes.
+    """
+
+    CUMULATIVE = "cumulative"
+    DELTA = "delta"
+    FINAL_ONLY = "final_only"
 
 
 @dataclass

@@ -7,6 +7,14 @@ from dataclasses import dataclass
 _GREEDY_EPSILON = 1e-5
 
 
+class SamplingParamsError(ValueError):
+    """An invalid sampling option; ``param`` names the field (e.g. for an HTTP 400)."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 @dataclass
 class SamplingParams:
     """Per-request decoding options, with vLLM's names and meanings.
@@ -68,7 +76,9 @@ class SamplingParams:
     def _check(self, is_ok: bool, name: str, allowed: str) -> None:
         if not is_ok:
             value = getattr(self, name)
-            raise ValueError(f"SamplingParams.{name}={value!r} is invalid: must be {allowed}")
+            raise SamplingParamsError(
+                f"SamplingParams.{name}={value!r} is invalid: must be {allowed}", name
+            )
 
     def _normalize_stop(self, stop: list[str] | str | None) -> list[str]:
         strings = [stop] if isinstance(stop, str) else list(stop or [])

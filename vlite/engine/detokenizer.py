@@ -42,6 +42,17 @@ class IncrementalDetokenizer:
                 return True
         return False
 
+    @property
+    def num_stable_chars(self) -> int:
+        """Leading characters of :attr:`text` that no later token can cut at a stop string.
+
+        A stop string found later must contain at least one new character, so only the
+        last ``max_stop_len - 1`` characters are still in doubt.
+        """
+        if not self.stop:
+            return len(self.text)
+        return max(0, len(self.text) - self.max_stop_len + 1)
+
     def _decode_next(self) -> str:
         prefix = self._decode(self.token_ids[self.prefix_offset : self.read_offset])
         full = self._decode(self.token_ids[self.prefix_offset :])

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import itertools
-import time
 from typing import Any
 
 from vlite.core.config import VliteConfig
 from vlite.core.engine_core import EngineCore
 from vlite.core.outputs import RequestOutput
 from vlite.core.plugins import PluginRegistry
-from vlite.core.request import EngineCoreRequest, RequestStatus
+from vlite.core.request import RequestStatus
 from vlite.core.sampling_params import SamplingParams
 from vlite.core.stats import StepObserver, StepStats
+from vlite.engine.input_processor import InputProcessor, Prompt
 from vlite.engine.output_processor import OutputProcessor
 
 
@@ -22,13 +22,15 @@ class LLMEngine:
     def __init__(self, config: VliteConfig, registry: PluginRegistry | None = None) -> None:
         self.config = config
         self.engine_core = EngineCore(config, registry)
-        self.tokenizer = self.engine_core.model_spec.load_tokenizer()
+        model_spec = self.engine_core.model_spec
+        self.tokenizer = model_spec.load_tokenizer()
+        self.input_processor = InputProcessor(self.tokenizer, model_spec.hf_config.vocab_size)
         self.output_processor = OutputProcessor(self.tokenizer)
         self._request_counter = itertools.count()
 
     @property
     def eos_token_id(self) -> int | None:
-        return self.tokenizer.eos_token_id
+        return self.input_processor.eos_token_id
 
     def new_request_id(self) -> str:
         return str(next(self._request_counter))
@@ -36,41 +38,18 @@ class LLMEngine:
     def add_request(
         self,
         request_id: str,
-        prompt: str | dict,
+        prompt: Prompt,
         params: SamplingParams,
         priority: int = 0,
     ) -> None:
         """Tokenize (unless given ``{"prompt_token_ids": [...]}``) and queue a request."""
-        text, token_ids = self._tokenize(prompt)
-        core_request = EngineCoreRequest(
-            request_id=request_id,
-            prompt_token_ids=token_ids,
-            sampling_params=params,
-            eos_token_id=self.eos_token_id,
-            arrival_time=time.monotonic(),
-            priority=priority,
-        )
+        core_request, text = self.input_processor.process(request_id, prompt, params, priority)
         self.engine_core.add_request(core_request)
         self.output_processor.add_request(core_request, text)
 
-    def _tokenize(self, prompt: str | dict) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, str):
-            return prompt, self.tokenizer.encode(prompt)
-        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
-            return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
-        raise TypeError(
-            f"prompt={prompt!r:.80} is invalid: expected a string or a dict with 'prompt_token_ids'"
-        )
-
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> dict[str, Any]:
+    def apply_chat_template(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
         """A prompt dict (text and token ids) for a conversation, ready for a reply."""
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError("the model's tokenizer has no chat template; send plain prompts")
-        text = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False
-        )
-        token_ids = self.tokenizer.encode(text, add_special_tokens=False)
-        return {"prompt": text, "prompt_token_ids": token_ids}
+        return self.input_processor.apply_chat_template(messages)
 
     def abort_requests(self, request_ids: list[str]) -> None:
         self.engine_core.abort_requests(request_ids)

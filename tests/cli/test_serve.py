@@ -1,0 +1,83 @@
+"""``vlite serve``: its help, and a real server process on a free port with a tiny model."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from vlite.cli.main import cli
+from vlite.testing.tiny_models import make_tiny_model
+
+TIMEOUT_S = 120
+
+
+def test_serve_help_lists_the_server_and_engine_flags_with_an_example():
+    result = CliRunner().invoke(cli, ["serve", "--help"])
+
+    assert result.exit_code == 0, result.output
+    for flag in ("--host", "--port", "--served-model-name", "--model", "--scheduler", "--attn"):
+        assert flag in result.output
+    assert "curl http://127.0.0.1:8000/v1/completions" in result.output
+    words = " ".join(result.output.split())  # help text wraps at the terminal width
+    assert "[default: 127.0.0.1]" in words and "[default: 8000]" in words
+
+
+def test_serve_rejects_a_bad_engine_flag_before_starting():
+    result = CliRunner().invoke(cli, ["serve", "--max-num-seqs", "0"])
+
+    assert result.exit_code != 0
+    assert "max_num_seqs" in result.output
+
+
+def _lines(stream, into: queue.Queue) -> None:
+    for line in stream:
+        into.put(line)
+    into.put(None)
+
+
+def _wait_for_line(lines: queue.Queue, pattern: str, seen: list[str]) -> re.Match:
+    while True:
+        line = lines.get(timeout=TIMEOUT_S)
+        if line is None:
+            pytest.fail("vlite serve exited before it was ready:\n" + "".join(seen))
+        seen.append(line)
+        if match := re.search(pattern, line):
+            return match
+
+
+@pytest.mark.slow
+def test_serve_as_a_subprocess_answers_and_stops_cleanly(tmp_path):
+    model = make_tiny_model(tmp_path / "model", "LlamaForCausalLM")
+    command = [sys.executable, "-m", "vlite", "serve", "--model", str(model), "--port", "0"]
+    command += ["--num-kv-blocks", "16", "--served-model-name", "tiny", "--log-level", "warning"]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=_lines, args=(process.stderr, lines), daemon=True).start()
+    seen: list[str] = []
+    try:
+        assert _wait_for_line(lines, r"attention backend: (\w+)", seen).group(1) == "torch"
+        core_pid = int(_wait_for_line(lines, r"engine core: pid (\d+)", seen).group(1))
+        address = _wait_for_line(lines, r"at (http://127\.0\.0\.1:\d+)", seen).group(1)
+
+        body = {"model": "tiny", "prompt": "Hello", "max_tokens": 3, "ignore_eos": True}
+        response = httpx.post(f"{address}/v1/completions", json=body, timeout=TIMEOUT_S)
+        assert response.status_code == 200, response.text
+        assert response.json()["usage"]["completion_tokens"] == 3
+
+        process.send_signal(signal.SIGINT)  # Ctrl-C
+        assert process.wait(timeout=TIMEOUT_S) == 0, "".join(seen)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=TIMEOUT_S)
+    with pytest.raises(ProcessLookupError):  # the engine core went with the server
+        os.kill(core_pid, 0)

@@ -1,0 +1,70 @@
+"""InputProcessor: prompts to EngineCoreRequests, token-id checks, chat templates."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vlite.core.sampling_params import SamplingParams
+from vlite.engine.input_processor import InputProcessor
+from vlite.testing.tiny_models import make_tiny_tokenizer
+
+
+@pytest.fixture
+def processor(tokenizer) -> InputProcessor:
+    return InputProcessor(tokenizer, vocab_size=len(tokenizer))
+
+
+def test_text_prompts_are_tokenized_with_bos(processor, tokenizer):
+    params = SamplingParams(max_tokens=3)
+
+    request, text = processor.process("r1", "Hello world", params, priority=2)
+
+    assert text == "Hello world"
+    assert request.prompt_token_ids == tokenizer.encode("Hello world")
+    assert request.prompt_token_ids[0] == tokenizer.bos_token_id
+    assert (request.request_id, request.priority) == ("r1", 2)
+    assert request.sampling_params is params
+    assert request.eos_token_id == tokenizer.eos_token_id
+    assert request.arrival_time > 0
+
+
+def test_token_id_prompts_pass_through_as_ints(processor):
+    request, text = processor.process(
+        "r", {"prompt_token_ids": np.array([5, 6, 7])}, SamplingParams()
+    )
+
+    assert request.prompt_token_ids == [5, 6, 7]
+    assert all(type(t) is int for t in request.prompt_token_ids)
+    assert text is None
+
+
+@pytest.mark.parametrize(
+    ("prompt", "error", "match"),
+    [
+        ({"prompt_token_ids": [1, -2]}, ValueError, "integers >= 0"),
+        ({"prompt_token_ids": "abc"}, ValueError, "integers >= 0"),
+        ({"prompt_token_ids": [1, 10**6]}, ValueError, "vocabulary"),
+        (42, TypeError, "expected a string"),
+    ],
+)
+def test_invalid_prompts_are_refused(processor, prompt, error, match):
+    with pytest.raises(error, match=match):
+        processor.process("r", prompt, SamplingParams())
+
+
+def test_chat_template_gives_text_and_ids_ready_for_a_reply(processor, tokenizer):
+    prompt = processor.apply_chat_template([{"role": "user", "content": "Hi"}])
+
+    assert prompt["prompt"] == "<|user|>\nHi\n<|assistant|>\n"
+    assert prompt["prompt_token_ids"] == tokenizer.encode(
+        prompt["prompt"], add_special_tokens=False
+    )
+
+
+def test_a_tokenizer_without_chat_template_is_an_error():
+    bare = make_tiny_tokenizer()  # a fresh one: the session fixture stays unchanged
+    bare.chat_template = None
+
+    with pytest.raises(ValueError, match="no chat template"):
+        InputProcessor(bare).apply_chat_template([{"role": "user", "content": "Hi"}])

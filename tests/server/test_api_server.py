@@ -1,0 +1,279 @@
+"""The OpenAI-compatible server, on uvicorn in a thread, over a tiny model's engine process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+import httpx
+import openai
+import pytest
+
+from vlite.core.config import VliteConfig
+from vlite.server.api_server import ApiServer, bind_socket
+from vlite.testing.tiny_models import make_tiny_model
+
+MODEL_NAME = "tiny-llama"
+TIMEOUT_S = 60
+CHAT = [{"role": "user", "content": "Tell me a joke."}]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    model = make_tiny_model(tmp_path_factory.mktemp("server-model"), "LlamaForCausalLM")
+    config = VliteConfig(model=str(model), dtype="float32", num_kv_blocks=8)
+    ready = threading.Event()
+    api_server = ApiServer(
+        config,
+        bind_socket("127.0.0.1", 0),
+        served_model_name=MODEL_NAME,
+        log_level="warning",
+        on_ready=lambda _: ready.set(),
+    )
+    thread = threading.Thread(target=api_server.run, name="test-api-server", daemon=True)
+    thread.start()
+    assert ready.wait(TIMEOUT_S * 2), "the server did not start"
+    yield api_server
+    api_server.stop()
+    thread.join(TIMEOUT_S)
+    assert not thread.is_alive(), "the server did not stop"
+    assert not api_server.engine.engine_core.process.is_alive  # the core went with it
+    api_server.sock.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with httpx.Client(base_url=server.address, timeout=TIMEOUT_S) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def tokenizer(server):
+    return server.engine.get_tokenizer()
+
+
+def stream_events(client, path: str, body: dict) -> list:
+    """The JSON payloads of an SSE response, checking it ends with ``data: [DONE]``."""
+    with client.stream("POST", path, json={**body, "stream": True}) as response:
+        assert response.status_code == 200, response.read()
+        assert response.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in response.iter_lines() if line]
+    assert all(line.startswith("data: ") for line in lines)
+    assert lines[-1] == "data: [DONE]"
+    return [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+
+
+def engine_stats(server):
+    future = asyncio.run_coroutine_threadsafe(server.engine.get_stats(), server.loop)
+    return future.result(TIMEOUT_S)
+
+
+def greedy(**body) -> dict:
+    return {"model": MODEL_NAME, "temperature": 0, "ignore_eos": True, **body}
+
+
+def test_health_and_models(client):
+    assert client.get("/health").status_code == 200
+    models = client.get("/v1/models").json()
+    assert models["object"] == "list"
+    (card,) = models["data"]
+    assert (card["id"], card["object"], card["max_model_len"]) == (MODEL_NAME, "model", 512)
+
+
+def test_completion_with_usage(client, tokenizer):
+    body = greedy(prompt="The quick brown fox", max_tokens=7, user="ignored")
+
+    response = client.post("/v1/completions", json=body)
+
+    assert response.status_code == 200, response.text
+    result = response.json()
+    assert result["id"].startswith("cmpl-") and result["object"] == "text_completion"
+    assert result["model"] == MODEL_NAME
+    (choice,) = result["choices"]
+    assert choice["finish_reason"] == "length" and choice["index"] == 0
+    num_prompt = len(tokenizer.encode("The quick brown fox"))
+    assert result["usage"] == {
+        "prompt_tokens": num_prompt,
+        "completion_tokens": 7,
+        "total_tokens": num_prompt + 7,
+    }
+    # Request ids are unique.
+    assert client.post("/v1/completions", json=body).json()["id"] != result["id"]
+
+
+def test_streamed_completion_deltas_join_to_the_full_text(client):
+    body = greedy(prompt="Once upon a time", max_tokens=12)
+    full = client.post("/v1/completions", json=body).json()["choices"][0]["text"]
+
+    events = stream_events(
+        client, "/v1/completions", {**body, "stream_options": {"include_usage": True}}
+    )
+
+    *chunks, usage_chunk = events
+    assert len(chunks) > 1
+    assert "".join(c["choices"][0]["text"] for c in chunks) == full
+    assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == "length"
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
+    assert len({c["id"] for c in events}) == 1
+    assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] == 12
+
+
+def test_token_id_prompt_equals_the_text_prompt(client, tokenizer):
+    body = greedy(max_tokens=6)
+    by_text = client.post("/v1/completions", json={**body, "prompt": "Hello there"}).json()
+    ids = tokenizer.encode("Hello there")
+    by_ids = client.post("/v1/completions", json={**body, "prompt": ids}).json()
+    assert by_ids["choices"][0]["text"] == by_text["choices"][0]["text"]
+    assert by_ids["usage"] == by_text["usage"]
+
+
+def test_stop_string_ends_the_completion(client):
+    body = greedy(prompt="Hello", max_tokens=30)
+    text = client.post("/v1/completions", json=body).json()["choices"][0]["text"]
+    stop = text[3:5]
+    assert stop and text.index(stop) == 3
+
+    choice = client.post("/v1/completions", json={**body, "stop": [stop]}).json()["choices"][0]
+
+    assert (choice["text"], choice["finish_reason"], choice["stop_reason"]) == (
+        text[:3],
+        "stop",
+        stop,
+    )
+
+
+def test_chat_completion_streamed_and_not(client):
+    body = greedy(messages=CHAT, max_tokens=9)
+
+    result = client.post("/v1/chat/completions", json=body).json()
+    events = stream_events(client, "/v1/chat/completions", body)
+
+    assert result["id"].startswith("chatcmpl-") and result["object"] == "chat.completion"
+    (choice,) = result["choices"]
+    assert choice["message"]["role"] == "assistant"
+    assert result["usage"]["completion_tokens"] == 9
+    assert result["usage"]["total_tokens"] == result["usage"]["prompt_tokens"] + 9
+    assert all(e["object"] == "chat.completion.chunk" for e in events)
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    streamed = "".join(e["choices"][0]["delta"].get("content", "") for e in events)
+    assert streamed == choice["message"]["content"]
+    assert events[-1]["choices"][0] == {
+        "index": 0,
+        "delta": {},
+        "logprobs": None,
+        "finish_reason": "length",
+    }
+
+
+def test_chat_without_max_tokens_fills_the_cache(client):
+    body = {"messages": CHAT, "temperature": 0, "ignore_eos": True}  # 8 blocks: 128 tokens
+    result = client.post("/v1/chat/completions", json=body).json()
+    assert result["usage"]["total_tokens"] == 128
+    assert result["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param", "message"),
+    [
+        ("/v1/completions", {"prompt": "x", "temperature": -1}, "temperature", ">= 0"),
+        ("/v1/completions", {"prompt": "x", "top_p": 1.5}, "top_p", "(0, 1]"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": 0}, "max_tokens", ">= 1"),
+        ("/v1/completions", {"prompt": "x", "top_k": -5}, "top_k", "-1"),
+        ("/v1/completions", {"prompt": "x", "n": 2}, "n", "only n=1"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": "many"}, "max_tokens", "integer"),
+        ("/v1/completions", {}, "prompt", "required"),
+        ("/v1/completions", {"prompt": ["a", "b"]}, "prompt", "one request per prompt"),
+        ("/v1/completions", {"prompt": "x", "logprobs": 2}, "logprobs", "not supported"),
+        ("/v1/completions", {"prompt": [5] * 600}, None, "max_model_len"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": 300}, None, "KV-cache blocks"),
+        ("/v1/chat/completions", {"messages": []}, "messages", "at least 1"),
+        ("/v1/chat/completions", {"messages": CHAT, "n": 3}, "n", "only n=1"),
+        ("/v1/chat/completions", {"messages": CHAT, "stop": [""]}, "stop", "non-empty"),
+    ],
+)
+def test_bad_requests_get_an_openai_400_naming_the_field(client, path, body, param, message):
+    for stream in (False, True):
+        response = client.post(path, json={**body, "stream": stream})
+
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert error["param"] == param
+        assert message in error["message"]
+        assert (error["type"], error["code"]) == ("BadRequestError", 400)
+
+
+def test_unknown_model_is_a_404(client):
+    response = client.post("/v1/completions", json={"model": "gpt-5", "prompt": "x"})
+    assert response.status_code == 404
+    assert response.json()["error"]["param"] == "model"
+
+
+def test_concurrent_streams_each_get_their_own_text(server, client):
+    prompts = ["Hello", "The engine", "A journey", "Numbers: 1"]
+    expected = [
+        client.post("/v1/completions", json=greedy(prompt=p, max_tokens=10)).json() for p in prompts
+    ]
+
+    async def stream_all():
+        async with httpx.AsyncClient(base_url=server.address, timeout=TIMEOUT_S) as aclient:
+
+            async def one(prompt):
+                body = greedy(prompt=prompt, max_tokens=10, stream=True)
+                texts = []
+                async with aclient.stream("POST", "/v1/completions", json=body) as response:
+                    async for line in response.aiter_lines():
+                        if line.startswith("data: {"):
+                            texts.append(json.loads(line[6:])["choices"][0]["text"])
+                return "".join(texts)
+
+            return await asyncio.gather(*(one(p) for p in prompts))
+
+    texts = asyncio.run(asyncio.wait_for(stream_all(), TIMEOUT_S))
+
+    assert texts == [e["choices"][0]["text"] for e in expected]
+
+
+def test_the_openai_client_streams(server):
+    client = openai.OpenAI(base_url=f"{server.address}/v1", api_key="unused", timeout=TIMEOUT_S)
+    extra = {"ignore_eos": True}
+
+    full = client.completions.create(
+        model=MODEL_NAME, prompt="Hello", max_tokens=8, temperature=0, extra_body=extra
+    )
+    stream = client.completions.create(
+        model=MODEL_NAME, prompt="Hello", max_tokens=8, temperature=0, stream=True, extra_body=extra
+    )
+    streamed = "".join(chunk.choices[0].text for chunk in stream)
+    chat_stream = client.chat.completions.create(
+        model=MODEL_NAME, messages=CHAT, max_tokens=5, temperature=0, stream=True, extra_body=extra
+    )
+    chunks = list(chat_stream)
+
+    assert streamed == full.choices[0].text and full.usage.completion_tokens == 8
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert [m.id for m in client.models.list()] == [MODEL_NAME]
+
+
+def test_a_client_leaving_mid_stream_aborts_its_request(server, client, monkeypatch):
+    aborted = threading.Event()
+    abort_now = server.engine._abort_now
+
+    def record_abort(request_ids):  # runs on the server's loop, where the abort is sent
+        abort_now(request_ids)
+        aborted.set()
+
+    monkeypatch.setattr(server.engine, "_abort_now", record_abort)
+    num_steps_before = engine_stats(server).num_steps
+    body = greedy(prompt="Hello", max_tokens=120, stream=True)
+    with client.stream("POST", "/v1/completions", json=body) as response:
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data: {"))
+    # The connection is closed: the server notices at its next write and aborts.
+    assert aborted.wait(TIMEOUT_S)
+    stats = engine_stats(server)  # asked after the abort was sent: the core has done it
+    assert stats.num_unfinished_requests == 0
+    assert stats.num_free_kv_blocks == stats.num_kv_blocks
+    assert stats.num_steps - num_steps_before < 60  # aborted, not run to its 120 tokens

@@ -1,0 +1,267 @@
+"""AsyncLLM: the online front door (vLLM's ``AsyncLLM``), streaming over an engine-core process.
+
+::
+
+    generate() --tokenize--> EngineCoreRequest --ZMQ--> EngineCoreProc (step loop)
+        ^                                                     |
+        | RequestOutputCollector <- OutputProcessor <--ZMQ-- EngineCoreOutputs
+        +-- output handler task (one per engine) ------------+
+
+Tokenizing, detokenizing and stop strings run here, in the front end; the core process
+only schedules and runs the model, so HTTP handling never stalls the step loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+from vlite.core.config import VliteConfig
+from vlite.core.outputs import EngineCoreOutput, RequestOutput, RequestOutputKind
+from vlite.core.request import RequestStatus
+from vlite.core.sampling_params import SamplingParams
+from vlite.engine.core_client import AsyncMPClient
+from vlite.engine.core_messages import EngineCoreInfo, EngineCoreStats, RequestErrors
+from vlite.engine.engine_core_proc import EngineCoreFactory
+from vlite.engine.exceptions import EngineDeadError, EngineGenerateError
+from vlite.engine.input_processor import InputProcessor, Prompt
+from vlite.engine.output_collector import RequestOutputCollector
+from vlite.engine.output_processor import OutputProcessor
+from vlite.models.spec import ModelSpec
+
+logger = logging.getLogger(__name__)
+
+
+class AsyncLLM:
+    """Generate text online: many concurrent, streaming requests on one engine core.
+
+    Construction starts the engine-core process and returns once it is ready. One
+    AsyncLLM serves one asyncio event loop (the loop of its first ``generate()``).
+
+    Args:
+        config: the engine configuration.
+        engine_core_factory: builds the EngineCore inside the core process; must be
+            picklable (a class or a module-level function). Default: ``EngineCore``.
+        startup_timeout_s: most seconds to wait for the core to start (``None``: no limit
+            while its process lives).
+
+    Example::
+
+        engine = AsyncLLM.from_config(VliteConfig(model="path/to/model"))
+        async for output in engine.generate("Hello", SamplingParams(max_tokens=16)):
+            print(output.outputs[0].text)
+        engine.shutdown()
+    """
+
+    def __init__(
+        self,
+        config: VliteConfig,
+        *,
+        engine_core_factory: EngineCoreFactory | None = None,
+        startup_timeout_s: float | None = None,
+    ) -> None:
+        self.config = config
+        self._collectors: dict[str, RequestOutputCollector] = {}
+        self._output_handler: asyncio.Task | None = None
+        self._handler_error: EngineDeadError | None = None
+        self._request_counter = itertools.count()
+        # Start the core first: it loads the model while this process loads the tokenizer.
+        self.engine_core = AsyncMPClient(config, engine_core_factory)
+        try:
+            model_spec = ModelSpec.from_config(config)
+            self.tokenizer = model_spec.load_tokenizer()
+            self.engine_core.wait_until_ready(startup_timeout_s)
+        except BaseException:
+            self.engine_core.shutdown()
+            raise
+        self.input_processor = InputProcessor(self.tokenizer, model_spec.hf_config.vocab_size)
+        self.output_processor = OutputProcessor(self.tokenizer)
+
+    @classmethod
+    def from_config(cls, config: VliteConfig, **kwargs: Any) -> AsyncLLM:
+        """vLLM-style constructor: ``AsyncLLM.from_config(config)``."""
+        return cls(config, **kwargs)
+
+    # ---- properties ----------------------------------------------------------------
+
+    @property
+    def engine_info(self) -> EngineCoreInfo:
+        """What the core reported at startup: attention backend, KV blocks, context length."""
+        return self.engine_core.info
+
+    @property
+    def attention_backend_name(self) -> str:
+        return self.engine_core.info.attention_backend_name
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine_core.info.max_model_len
+
+    @property
+    def dead_error(self) -> EngineDeadError | None:
+        """Why this engine can no longer serve (``None`` while it can)."""
+        return self._handler_error or self.engine_core.dead_error
+
+    @property
+    def is_running(self) -> bool:
+        return self.dead_error is None and not self.engine_core.is_shut_down
+
+    def get_tokenizer(self) -> Any:
+        return self.tokenizer
+
+    def apply_chat_template(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        """A prompt dict (text and token ids) for a conversation, ready for a reply."""
+        return self.input_processor.apply_chat_template(messages)
+
+    # ---- requests ------------------------------------------------------------------
+
+    async def generate(
+        self,
+        prompt: Prompt,
+        sampling_params: SamplingParams | None = None,
+        request_id: str | None = None,
+        *,
+        priority: int = 0,
+        output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE,
+    ) -> AsyncIterator[RequestOutput]:
+        """Stream a request's outputs as tokens arrive; the last one has ``finished=True``.
+
+        The request is sent when iteration starts. Cancelling the consumer (or closing
+        the iterator early) aborts the request in the core, which frees its KV blocks.
+
+        Args:
+            prompt: text, or ``{"prompt_token_ids": [...]}``.
+            sampling_params: default ``SamplingParams()``.
+            request_id: unique among live requests; default: a fresh number.
+            priority: lower is more urgent, for schedulers that use it.
+            output_kind: ``CUMULATIVE`` (all text so far), ``DELTA`` (only the new text
+                and tokens) or ``FINAL_ONLY``.
+
+        Raises:
+            ValueError: the prompt or request is invalid (the core may reject it too).
+            EngineGenerateError: the engine failed while running this request.
+            EngineDeadError: the engine-core process is gone.
+        """
+        request_id = str(next(self._request_counter)) if request_id is None else request_id
+        collector = self._add_request(
+            request_id, prompt, sampling_params or SamplingParams(), priority, output_kind
+        )
+        is_finished = False
+        try:
+            while not is_finished:
+                output = await collector.get()
+                is_finished = output.finished
+                yield output
+        except BaseException:  # cancelled, closed early, or failed: stop it in the core
+            if not is_finished:
+                self._abort_now([request_id])
+            raise
+        finally:
+            self._collectors.pop(request_id, None)
+
+    def _add_request(
+        self,
+        request_id: str,
+        prompt: Prompt,
+        params: SamplingParams,
+        priority: int,
+        output_kind: RequestOutputKind,
+    ) -> RequestOutputCollector:
+        self._ensure_output_handler()
+        if request_id in self._collectors:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        core_request, text = self.input_processor.process(request_id, prompt, params, priority)
+        collector = RequestOutputCollector(output_kind)
+        self.output_processor.add_request(core_request, text, output_kind)
+        self._collectors[request_id] = collector
+        try:
+            self.engine_core.add_request(core_request)
+        except BaseException:
+            self.output_processor.abort_requests([request_id])
+            del self._collectors[request_id]
+            raise
+        return collector
+
+    async def abort(self, request_id: str | Iterable[str]) -> None:
+        """Abort requests: their consumers get a last output with ``finish_reason="abort"``."""
+        request_ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        for output in self.output_processor.abort_requests(request_ids):
+            collector = self._collectors.get(output.request_id)
+            if collector is not None:
+                collector.put(output)
+        self.engine_core.abort_requests(request_ids)
+
+    def _abort_now(self, request_ids: list[str]) -> None:
+        self.output_processor.abort_requests(request_ids)
+        self.engine_core.abort_requests(request_ids)
+
+    async def get_stats(self) -> EngineCoreStats:
+        """The core's counters now (KV blocks free, requests running and waiting, steps)."""
+        self._ensure_output_handler()
+        return await self.engine_core.get_stats()
+
+    # ---- the output handler --------------------------------------------------------
+
+    def _ensure_output_handler(self) -> None:
+        if self.dead_error is not None:
+            raise self.dead_error
+        if self._output_handler is None:
+            self._output_handler = asyncio.get_running_loop().create_task(
+                self._run_output_handler(), name="vlite-async-llm-output-handler"
+            )
+
+    async def _run_output_handler(self) -> None:
+        """Pull core outputs, turn them into RequestOutputs and route them to collectors."""
+        try:
+            while True:
+                message = await self.engine_core.get_output()
+                if isinstance(message, RequestErrors):
+                    self._fail_requests(message)
+                else:
+                    self._process_outputs(message.outputs)
+        except EngineDeadError as exc:
+            self._fail_all(exc)
+        except Exception as exc:
+            logger.exception("AsyncLLM's output handler failed")
+            self._handler_error = EngineDeadError(f"the output handler failed: {exc!r}")
+            self._fail_all(self._handler_error)
+
+    def _process_outputs(self, outputs: list[EngineCoreOutput]) -> None:
+        processed = self.output_processor.process_outputs(outputs)
+        for output in processed.request_outputs:
+            collector = self._collectors.get(output.request_id)
+            if collector is not None:
+                collector.put(output)
+        if processed.request_ids_to_stop:  # stop strings: finish them in the core too
+            self.engine_core.finish_requests(
+                processed.request_ids_to_stop, RequestStatus.FINISHED_STOPPED
+            )
+
+    def _fail_requests(self, errors: RequestErrors) -> None:
+        self.output_processor.abort_requests(errors.request_ids)
+        error_cls = ValueError if errors.is_invalid_request else EngineGenerateError
+        for request_id in errors.request_ids:
+            collector = self._collectors.get(request_id)
+            if collector is not None:
+                collector.put_error(error_cls(errors.message))
+
+    def _fail_all(self, error: BaseException) -> None:
+        self.output_processor.abort_requests(list(self._collectors))
+        for collector in self._collectors.values():
+            collector.put_error(error)
+
+    # ---- shutdown ------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Stop the engine-core process and the output handler. Idempotent."""
+        task = self._output_handler
+        if task is not None and not task.done():
+            task.cancel()
+            loop = task.get_loop()
+            if not loop.is_running() and not loop.is_closed():  # called from outside the loop
+                loop.run_until_complete(asyncio.gather(task, return_exceptions=True))
+        self._fail_all(EngineDeadError("the engine has been shut down"))
+        self.engine_core.shutdown()

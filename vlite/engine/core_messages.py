@@ -1,0 +1,110 @@
+"""The messages between a front end and its EngineCoreProc, and their msgpack codecs.
+
+Every message is a tagged msgspec struct, so one decoder per direction turns bytes back
+into the right type. Front end -> core (:data:`CoreInput`): add a request, finish
+requests (abort, or stop at a stop string found by the OutputProcessor), ask for
+statistics, shut down. Core -> front end (:data:`CoreOutput`): one step's outputs,
+requests that failed, a utility result, or a fatal error just before the process exits.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from vlite.core.outputs import EngineCoreOutput
+from vlite.core.request import EngineCoreRequest, RequestStatus
+
+# ---- front end -> engine core ---------------------------------------------------------
+
+
+class AddRequest(msgspec.Struct, tag="add", array_like=True):
+    request: EngineCoreRequest
+
+
+class FinishRequests(msgspec.Struct, tag="finish", array_like=True):
+    """End requests early; ``status`` is FINISHED_ABORTED or FINISHED_STOPPED."""
+
+    request_ids: list[str]
+    status: RequestStatus = RequestStatus.FINISHED_ABORTED
+
+
+class GetStats(msgspec.Struct, tag="stats", array_like=True):
+    """A utility call: answered by a :class:`UtilityResult` holding :class:`EngineCoreStats`."""
+
+    call_id: int
+
+
+class Shutdown(msgspec.Struct, tag="shutdown", array_like=True):
+    pass
+
+
+CoreInput = AddRequest | FinishRequests | GetStats | Shutdown
+
+# ---- engine core -> front end ---------------------------------------------------------
+
+
+class EngineCoreInfo(msgspec.Struct, array_like=True):
+    """What the core reports once it is ready (the startup handshake)."""
+
+    attention_backend_name: str
+    num_kv_blocks: int
+    block_size: int
+    max_model_len: int
+    pid: int
+
+
+class EngineCoreStats(msgspec.Struct, array_like=True):
+    """The core's state between steps (the answer to :class:`GetStats`)."""
+
+    num_kv_blocks: int
+    num_free_kv_blocks: int
+    num_unfinished_requests: int
+    num_running_requests: int
+    num_waiting_requests: int
+    num_steps: int
+    num_failed_steps: int
+
+
+class StepOutputs(msgspec.Struct, tag="outputs", array_like=True):
+    outputs: list[EngineCoreOutput]
+
+
+class RequestErrors(msgspec.Struct, tag="errors", array_like=True):
+    """Requests the core finished with an error.
+
+    ``is_invalid_request``: the request itself was rejected (a prompt too long, a duplicate
+    id) rather than failed by the engine.
+    """
+
+    request_ids: list[str]
+    message: str
+    is_invalid_request: bool = False
+
+
+class UtilityResult(msgspec.Struct, tag="utility", array_like=True):
+    call_id: int
+    stats: EngineCoreStats | None = None
+    error: str | None = None
+
+
+class FatalError(msgspec.Struct, tag="fatal", array_like=True):
+    """The core's loop failed; the process exits after sending this."""
+
+    message: str
+
+
+class StartupFailed(msgspec.Struct, tag="startup_failed", array_like=True):
+    message: str
+
+
+class Ready(msgspec.Struct, tag="ready", array_like=True):
+    info: EngineCoreInfo
+
+
+CoreOutput = StepOutputs | RequestErrors | UtilityResult | FatalError
+Handshake = Ready | StartupFailed
+
+encoder = msgspec.msgpack.Encoder()
+input_decoder = msgspec.msgpack.Decoder(CoreInput)
+output_decoder = msgspec.msgpack.Decoder(CoreOutput)
+handshake_decoder = msgspec.msgpack.Decoder(Handshake)

@@ -1,0 +1,100 @@
+"""InputProcessor: prompts (text, token ids or chat messages) -> EngineCoreRequest.
+
+Shared by the offline :class:`~vlite.engine.llm_engine.LLMEngine` and the online
+:class:`~vlite.engine.async_llm.AsyncLLM`, so both tokenize and template the same way.
+"""
+
+from __future__ import annotations
+
+import operator
+import time
+from typing import Any
+
+from vlite.core.request import EngineCoreRequest
+from vlite.core.sampling_params import SamplingParams
+
+#: A prompt: text, or ``{"prompt_token_ids": [...]}`` (optionally with its ``"prompt"`` text).
+Prompt = str | dict[str, Any]
+
+
+class InputProcessor:
+    """Tokenizes prompts and applies chat templates with one Hugging Face tokenizer.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer.
+        vocab_size: the model's vocabulary size; token ids given directly must be below it
+            (an out-of-range id would fail the whole batch's forward pass in the core).
+    """
+
+    def __init__(self, tokenizer: Any, vocab_size: int | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.tokenizer.eos_token_id
+
+    def tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+        """``(text, token_ids)`` of a prompt; text is ``None`` for bare token ids."""
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            token_ids = _token_id_list(prompt["prompt_token_ids"])
+            if self.vocab_size is not None and any(t >= self.vocab_size for t in token_ids):
+                raise ValueError(
+                    f"prompt_token_ids holds {max(token_ids)}, outside the model's vocabulary "
+                    f"(ids must be < {self.vocab_size})"
+                )
+            return prompt.get("prompt"), token_ids
+        raise TypeError(
+            f"prompt={prompt!r:.80} is invalid: expected a string or a dict with 'prompt_token_ids'"
+        )
+
+    def process(
+        self,
+        request_id: str,
+        prompt: Prompt,
+        params: SamplingParams,
+        priority: int = 0,
+    ) -> tuple[EngineCoreRequest, str | None]:
+        """The request to send to the engine core, and the prompt's text (if known)."""
+        text, token_ids = self.tokenize(prompt)
+        core_request = EngineCoreRequest(
+            request_id=request_id,
+            prompt_token_ids=token_ids,
+            sampling_params=params,
+            eos_token_id=self.eos_token_id,
+            arrival_time=time.monotonic(),
+            priority=priority,
+        )
+        return core_request, text
+
+    def apply_chat_template(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        """A prompt dict (text and token ids) for a conversation, ready for a reply.
+
+        Raises:
+            ValueError: the tokenizer has no chat template, or the messages do not fit it.
+        """
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError("the model's tokenizer has no chat template; send plain prompts")
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=False
+            )
+        except Exception as exc:  # jinja2 errors: the template rejected these messages
+            raise ValueError(f"the chat template could not format the messages: {exc}") from exc
+        token_ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return {"prompt": text, "prompt_token_ids": token_ids}
+
+
+def _token_id_list(token_ids: Any) -> list[int]:
+    """``token_ids`` as a list of Python ints; anything else is a ``ValueError``."""
+    try:
+        ids = [operator.index(t) for t in token_ids]
+    except TypeError:
+        ids = None
+    if ids is None or any(t < 0 for t in ids) or isinstance(token_ids, (str, bytes)):
+        raise ValueError(
+            f"prompt_token_ids={token_ids!r:.80} is invalid: must be a list of integers >= 0"
+        )
+    return ids

@@ -1,0 +1,99 @@
+"""OpenAI-shaped errors: one exception type, and the handlers that turn errors into JSON."""
+
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from vlite.core.sampling_params import SamplingParamsError
+from vlite.engine.exceptions import EngineDeadError, EngineGenerateError
+from vlite.server.protocol import ErrorInfo, ErrorResponse
+
+logger = logging.getLogger(__name__)
+
+
+class OpenAIError(Exception):
+    """An error to send as ``{"error": {...}}`` with an HTTP status.
+
+    Args:
+        message: what is wrong and, for bad input, what is allowed.
+        status: the HTTP status (400 for bad input).
+        param: the request field at fault, if one is.
+    """
+
+    def __init__(
+        self, message: str, status: int = HTTPStatus.BAD_REQUEST, param: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = int(status)
+        self.param = param
+
+    @property
+    def type(self) -> str:
+        if self.status == HTTPStatus.NOT_FOUND:
+            return "NotFoundError"
+        if self.status < 500:
+            return "BadRequestError"
+        return "InternalServerError"
+
+    def to_response(self) -> ErrorResponse:
+        info = ErrorInfo(message=self.message, type=self.type, param=self.param, code=self.status)
+        return ErrorResponse(error=info)
+
+    def to_json_response(self) -> JSONResponse:
+        return JSONResponse(self.to_response().model_dump(), status_code=self.status)
+
+
+def from_exception(exc: BaseException) -> OpenAIError:
+    """The OpenAIError for an error raised while serving a request."""
+    if isinstance(exc, OpenAIError):
+        return exc
+    if isinstance(exc, SamplingParamsError):
+        return OpenAIError(str(exc).removeprefix("SamplingParams."), param=exc.param)
+    if isinstance(exc, (ValueError, TypeError)):  # the request is invalid
+        return OpenAIError(str(exc))
+    if isinstance(exc, EngineDeadError):
+        return OpenAIError(str(exc), HTTPStatus.SERVICE_UNAVAILABLE)
+    if isinstance(exc, EngineGenerateError):
+        return OpenAIError(str(exc), HTTPStatus.INTERNAL_SERVER_ERROR)
+    logger.exception("unexpected error while serving a request", exc_info=exc)
+    return OpenAIError(f"internal error: {exc!r}", HTTPStatus.INTERNAL_SERVER_ERROR)
+
+
+def _validation_error(exc: RequestValidationError) -> OpenAIError:
+    """Pydantic's first complaint, as ``field: message``, naming the field as ``param``."""
+    errors = exc.errors()
+    if not errors:
+        return OpenAIError("invalid request body")
+    first = errors[0]
+    location = [str(part) for part in first.get("loc", ()) if part != "body"]
+    param = ".".join(location) or None
+    message = first.get("msg", "invalid value")
+    if param is None:
+        return OpenAIError(f"invalid request body: {message}")
+    if first.get("type") == "missing":
+        return OpenAIError(f"{param} is required", param=param)
+    given = first.get("input")
+    return OpenAIError(f"{param}={given!r} is invalid: {message}", param=param)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Every error leaves the server as OpenAI-shaped JSON."""
+
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(request: Request, exc: OpenAIError) -> JSONResponse:
+        return exc.to_json_response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _validation_error(exc).to_json_response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return OpenAIError(str(exc.detail), exc.status_code).to_json_response()
