@@ -1,7 +1,7 @@
 """vlite: a small, fast, plugin-architected LLM inference engine on vLLM V1's architecture."""
 
 from vlite.core.hookspecs import PLUGIN_API_VERSION, hookimpl
-from vlite.core.outputs import CompletionOutput, RequestOutput
+from vlite.core.outputs import CompletionOutput, RequestOutput, RequestOutputKind
 from vlite.core.sampling_params import SamplingParams
 
 __version__ = "0.1.0"
@@ -26,6 +26,7 @@ __all__ = [
     "PLUGIN_API_VERSION",
     "CompletionOutput",
     "RequestOutput",
+    "RequestOutputKind",
     "SamplingParams",
     "hookimpl",
     "__version__",
