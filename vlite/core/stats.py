@@ -93,6 +93,26 @@ class StepRecord:
     requests: list[Request]
 
 
+@dataclass
+class StepTotals:
+    """Running sums of :class:`StepStats` over the steps an engine ran (for ``/metrics``)."""
+
+    num_steps: int = 0
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+    num_prefix_cache_queried_tokens: int = 0
+    num_prefix_cache_hit_tokens: int = 0
+    num_preemptions: int = 0
+
+    def add(self, stats: StepStats) -> None:
+        self.num_steps += 1
+        self.num_prefill_tokens += stats.num_prefill_tokens
+        self.num_decode_tokens += stats.num_decode_tokens
+        self.num_prefix_cache_queried_tokens += stats.num_prefix_cache_queried_tokens
+        self.num_prefix_cache_hit_tokens += stats.num_prefix_cache_hit_tokens
+        self.num_preemptions += stats.num_preemptions
+
+
 #: Called by the engine core after each step it ran (in the engine core's process).
 StepObserver = Callable[[StepRecord], None]
 

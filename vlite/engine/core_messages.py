@@ -63,6 +63,12 @@ class EngineCoreStats(msgspec.Struct, array_like=True):
     num_waiting_requests: int
     num_steps: int
     num_failed_steps: int
+    #: Sums over the steps run so far (see :class:`~vlite.core.stats.StepTotals`).
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+    num_prefix_cache_queried_tokens: int = 0
+    num_prefix_cache_hit_tokens: int = 0
+    num_preemptions: int = 0
 
 
 class StepOutputs(msgspec.Struct, tag="outputs", array_like=True):

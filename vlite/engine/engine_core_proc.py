@@ -30,6 +30,7 @@ import zmq
 from vlite.core.config import VliteConfig
 from vlite.core.engine_core import EngineCore
 from vlite.core.request import RequestStatus
+from vlite.core.stats import StepTotals
 from vlite.engine.core_messages import (
     AddRequest,
     CoreInput,
@@ -78,7 +79,7 @@ class EngineCoreProc:
         self.engine_core = engine_core
         self.input_queue: queue.Queue[CoreInput | _Stop] = queue.Queue()
         self.output_queue: queue.Queue[CoreOutput | None] = queue.Queue()
-        self.num_steps = 0
+        self.step_totals = StepTotals()
         self.num_failed_steps = 0
         self._is_running = True
         self._handlers: dict[type, Callable[[Any], None]] = {
@@ -155,7 +156,8 @@ class EngineCoreProc:
         except Exception as exc:
             self._fail_unfinished_requests(exc)
             return
-        self.num_steps += 1
+        if self.engine_core.last_step_stats is not None:
+            self.step_totals.add(self.engine_core.last_step_stats)
         if outputs.outputs:
             self.output_queue.put(StepOutputs(outputs.outputs))
 
@@ -191,8 +193,13 @@ class EngineCoreProc:
             num_unfinished_requests=core.scheduler.num_unfinished_requests,
             num_running_requests=len(core.scheduler.running),
             num_waiting_requests=len(core.scheduler.waiting),
-            num_steps=self.num_steps,
+            num_steps=self.step_totals.num_steps,
             num_failed_steps=self.num_failed_steps,
+            num_prefill_tokens=self.step_totals.num_prefill_tokens,
+            num_decode_tokens=self.step_totals.num_decode_tokens,
+            num_prefix_cache_queried_tokens=self.step_totals.num_prefix_cache_queried_tokens,
+            num_prefix_cache_hit_tokens=self.step_totals.num_prefix_cache_hit_tokens,
+            num_preemptions=self.step_totals.num_preemptions,
         )
         self.output_queue.put(UtilityResult(message.call_id, stats=stats))
 

@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP server: the FastAPI app, and :class:`ApiServer` that runs it.
 
-Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/completions``,
-``POST /v1/chat/completions`` (both streaming with ``"stream": true``).
+Endpoints: ``GET /health``, ``GET /v1/models``, ``GET /metrics`` (Prometheus),
+``POST /v1/completions``, ``POST /v1/chat/completions`` (both streaming with
+``"stream": true``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from vlite import __version__
 from vlite.core.config import VliteConfig
 from vlite.engine.async_llm import AsyncLLM
 from vlite.server.errors import OpenAIError, install_error_handlers
+from vlite.server.metrics import CONTENT_TYPE as METRICS_TYPE
+from vlite.server.metrics import render_metrics
 from vlite.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from vlite.server.serving_chat import ChatServing
 from vlite.server.serving_completions import CompletionServing
@@ -57,6 +60,11 @@ def build_app(engine: AsyncLLM, served_model_name: str) -> FastAPI:
     async def models() -> JSONResponse:
         card = ModelCard(id=served_model_name, max_model_len=engine.max_model_len)
         return JSONResponse(ModelList(data=[card]).model_dump())
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        stats = await engine.get_stats()
+        return Response(render_metrics(stats, served_model_name), media_type=METRICS_TYPE)
 
     @app.post("/v1/completions")
     async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:

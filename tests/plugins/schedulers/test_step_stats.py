@@ -6,7 +6,7 @@ import io
 import json
 
 from vlite.core.request import RequestStatus
-from vlite.core.stats import BatchEntry, StepRecord, TraceWriter
+from vlite.core.stats import BatchEntry, StepRecord, StepTotals, TraceWriter
 from vlite.plugins.schedulers.fcfs import FcfsScheduler
 from vlite.testing.scheduler_driver import SchedulerDriver
 
@@ -111,3 +111,30 @@ def test_trace_writer_writes_a_step_line_then_one_line_per_request():
     ]
     assert lines[2]["request_id"] == "b" and lines[2]["status"] == "finished_length_capped"
     assert {"num_computed_tokens", "num_tokens"} <= set(lines[1])
+
+
+def test_step_totals_sum_every_step():
+    driver = make_driver(num_blocks=5, max_num_batched_tokens=64)
+    totals = StepTotals()
+    shared = list(range(1, 9))
+    driver.add("a", [*shared, 50], 6)
+    driver.add("b", [*shared, 60], 6)
+    driver.add("c", list(range(20, 33)), 4)
+    steps = []
+    while driver.scheduler.has_unfinished_requests():
+        driver.step()
+        steps.append(driver.scheduler.last_step_stats)
+        totals.add(steps[-1])
+
+    assert totals.num_steps == len(steps)
+    for name in (
+        "num_prefill_tokens",
+        "num_decode_tokens",
+        "num_prefix_cache_queried_tokens",
+        "num_prefix_cache_hit_tokens",
+        "num_preemptions",
+    ):
+        assert getattr(totals, name) == sum(getattr(s, name) for s in steps), name
+    assert totals.num_prefix_cache_hit_tokens >= 8  # "b" reused "a"'s two full blocks
+    assert totals.num_preemptions > 0  # five blocks cannot hold all three
+    assert driver.outputs == driver.expected
