@@ -56,6 +56,69 @@ def test_run_reads_jsonl_with_per_request_fields(tiny_model, tmp_path):
     assert counts == [2, 4]
 
 
+def test_run_sampling_flags_and_jsonl_fields_reach_the_requests(tiny_model, tmp_path):
+    lines = [
+        {
+            "prompt": "one",
+            "max_tokens": 3,
+            "ignore_eos": True,
+            "n": 2,
+            "seed": 1,
+            "temperature": 1.0,
+            "min_p": 0.05,
+            "presence_penalty": 0.5,
+        },
+        {
+            "prompt": "two",
+            "max_tokens": 4,
+            "ignore_eos": True,
+            "logprobs": 2,
+            "frequency_penalty": 0.3,
+            "repetition_penalty": 1.2,
+            "min_tokens": 4,
+        },
+    ]
+    path = tmp_path / "sampling.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    result = invoke(
+        "run",
+        "--model",
+        tiny_model,
+        "--input",
+        str(path),
+        "--json",
+        "--logprobs",
+        "1",
+        "--repetition-penalty",
+        "1.1",
+    )
+    assert result.exit_code == 0, result.output
+    first, second = (json.loads(line) for line in result.stdout.splitlines())
+    assert [len(s["token_ids"]) for s in first["samples"]] == [3, 3]
+    assert first["token_ids"] == first["samples"][0]["token_ids"]
+    assert len(first["logprobs"]) == 3  # --logprobs 1 applies where the line does not say
+    assert all(len(position) <= 2 for position in first["logprobs"])
+    assert "samples" not in second and len(second["logprobs"]) == 4
+    sampled = [position[0] for position in second["logprobs"]]
+    assert [p["token_id"] for p in sampled] == second["token_ids"]
+    assert abs(sum(p["logprob"] for p in sampled) - second["cumulative_logprob"]) < 1e-6
+
+
+def test_run_prints_every_sample_of_n(tiny_model):
+    result = invoke(
+        "run", "--model", tiny_model, "--n", "2", "--temperature", "1", "--max-tokens", "3", "Hi"
+    )
+    assert result.exit_code == 0, result.output
+    assert "--- sample 0 ---" in result.stdout and "--- sample 1 ---" in result.stdout
+    assert "6 output tokens" in result.stderr
+
+
+def test_run_rejects_a_bad_penalty_naming_it(tiny_model):
+    result = invoke("run", "--model", tiny_model, "--presence-penalty", "3", "Hi")
+    assert result.exit_code != 0
+    assert "presence_penalty=3.0" in result.output
+
+
 def test_run_reads_plain_lines_from_stdin(tiny_model):
     result = invoke(
         "run", "--model", tiny_model, "--json", "--max-tokens", "2", input="first\n\nsecond\n"

@@ -27,6 +27,20 @@ from vlite.core.sampling_params import SamplingParams
         ("stop", [1], "non-empty string"),
         ("stop_token_ids", [-1], "a list of integers >= 0"),
         ("stop_token_ids", [1, "2"], "a list of integers >= 0"),
+        ("n", 0, "an integer >= 1"),
+        ("n", 2.0, "an integer >= 1"),
+        ("presence_penalty", 2.5, "a number in [-2, 2]"),
+        ("presence_penalty", None, "a number in [-2, 2]"),
+        ("frequency_penalty", -2.1, "a number in [-2, 2]"),
+        ("repetition_penalty", 0, "a number > 0"),
+        ("repetition_penalty", -1.0, "a number > 0"),
+        ("min_p", -0.1, "a number in [0, 1]"),
+        ("min_p", 1.1, "a number in [0, 1]"),
+        ("min_tokens", -1, "an integer >= 0 and <= max_tokens (16)"),
+        ("min_tokens", 17, "an integer >= 0 and <= max_tokens (16)"),
+        ("logprobs", -1, "None or an integer in [0, 20]"),
+        ("logprobs", 21, "None or an integer in [0, 20]"),
+        ("logprobs", True, "None or an integer in [0, 20]"),
     ],
 )
 def test_bad_value_raises_naming_field_value_and_what_is_allowed(field, value, allowed):
@@ -50,6 +64,9 @@ def test_bad_value_raises_naming_field_value_and_what_is_allowed(field, value, a
         {"seed": -5},
         {"stop": ["a", "bc"], "stop_token_ids": [0, 7]},
         {"ignore_eos": True},
+        {"n": 4, "presence_penalty": -2, "frequency_penalty": 2.0, "repetition_penalty": 0.5},
+        {"min_p": 1.0, "min_tokens": 16, "logprobs": 0},
+        {"logprobs": 20, "min_tokens": 0, "min_p": 0},
     ],
 )
 def test_good_values_are_accepted_unchanged(kwargs):
@@ -132,3 +149,42 @@ def test_invalid_params_on_the_wire_are_rejected_when_decoded():
 
     with pytest.raises(msgspec.ValidationError, match="max_tokens"):
         msgspec.msgpack.decode(wire, type=EngineCoreRequest)
+
+
+def test_the_later_options_default_to_off():
+    params = SamplingParams()
+
+    assert (params.n, params.min_tokens, params.logprobs) == (1, 0, None)
+    assert (params.presence_penalty, params.frequency_penalty) == (0.0, 0.0)
+    assert (params.repetition_penalty, params.min_p) == (1.0, 0.0)
+    assert not params.has_penalties
+    assert SamplingParams(repetition_penalty=1.2).has_penalties
+    assert SamplingParams(presence_penalty=-0.1).has_penalties
+
+
+def test_each_sample_of_n_gets_its_own_seed():
+    params = SamplingParams(n=3, seed=10, temperature=0.7)
+
+    samples = [params.for_sample(index) for index in range(3)]
+
+    assert [s.seed for s in samples] == [10, 11, 12]
+    assert all(s.n == 1 and s.temperature == 0.7 for s in samples)
+    assert SamplingParams(n=2).for_sample(1).seed is None
+    assert params.n == 3  # unchanged
+
+
+def test_msgspec_round_trip_keeps_the_later_options():
+    params = SamplingParams(
+        n=2,
+        presence_penalty=0.5,
+        frequency_penalty=-1,
+        repetition_penalty=1.3,
+        min_p=0.1,
+        min_tokens=4,
+        logprobs=5,
+    )
+    request = EngineCoreRequest("r", [4], params)
+
+    decoded = msgspec.msgpack.decode(msgspec.msgpack.encode(request), type=EngineCoreRequest)
+
+    assert decoded.sampling_params == params

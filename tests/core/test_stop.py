@@ -55,6 +55,28 @@ def test_eos_is_ignored_with_ignore_eos_until_max_tokens():
     assert request.status.finish_reason == "length"
 
 
+def test_eos_and_stop_tokens_do_not_stop_before_min_tokens():
+    request = running_request(max_tokens=10, min_tokens=3, stop_token_ids=[60])
+
+    assert [sample(request, t) for t in (EOS, 60)] == [False, False]
+    assert sample(request, EOS) is True  # the third output token may stop
+    assert request.status.finish_reason == "stop"
+
+
+def test_a_stop_token_after_min_tokens_stops_with_its_reason():
+    request = running_request(max_tokens=10, min_tokens=1, stop_token_ids=[60])
+
+    assert sample(request, 60) is True
+    assert request.stop_reason == 60
+
+
+def test_max_tokens_still_caps_before_min_tokens_is_met_by_the_context():
+    request = running_request(prompt_len=4, max_tokens=10, min_tokens=10)
+
+    assert [sample(request, EOS, max_model_len=6) for _ in range(2)] == [False, True]
+    assert request.status.finish_reason == "length"
+
+
 def test_max_tokens_caps_the_length():
     request = running_request(max_tokens=2)
 

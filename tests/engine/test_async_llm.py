@@ -255,3 +255,52 @@ def test_invalid_requests_raise_value_error(engine, loop):
 
     run(loop, duplicate_id())
     run(loop, assert_all_blocks_free(engine))
+
+
+# ---- n > 1 ---------------------------------------------------------------------------------
+
+
+def test_n_samples_stream_as_one_request(engine, llm, loop):
+    params = SamplingParams(n=2, seed=11, temperature=1.0, max_tokens=10, ignore_eos=True)
+    (expected,) = llm.generate(PROMPTS[1], params, use_tqdm=False)
+
+    deltas = run(loop, collect(engine, PROMPTS[1], params, output_kind=RequestOutputKind.DELTA))
+    cumulative = run(loop, collect(engine, PROMPTS[1], params))
+
+    assert all(output.request_id == deltas[0].request_id for output in deltas)
+    assert [o.finished for o in deltas] == [False] * (len(deltas) - 1) + [True]
+    joined = {0: [], 1: []}
+    for output in deltas:
+        for completion in output.outputs:  # only the samples that changed
+            joined[completion.index] += completion.token_ids
+    assert [joined[0], joined[1]] == [c.token_ids for c in expected.outputs]
+    final = cumulative[-1]
+    assert final.finished and [c.index for c in final.outputs] == [0, 1]
+    assert [c.token_ids for c in final.outputs] == [c.token_ids for c in expected.outputs]
+    assert all(len(o.outputs) == 2 for o in cumulative)
+    run(loop, assert_all_blocks_free(engine))
+
+
+def test_aborting_an_n_request_aborts_every_sample(engine, loop):
+    async def abort_mid_stream():
+        outputs = []
+        params = greedy(n=2, max_tokens=50, ignore_eos=True)
+        async for output in engine.generate("Hi", params, "nab"):
+            outputs.append(output)
+            if len(outputs) == 1:
+                await engine.abort("nab")
+        await assert_all_blocks_free(engine)
+        return outputs
+
+    outputs = run(loop, abort_mid_stream())
+
+    last = outputs[-1]
+    assert last.finished
+    assert [c.finish_reason for c in last.outputs] == ["abort", "abort"]
+
+
+def test_an_n_request_the_core_rejects_raises_and_leaves_nothing(engine, loop):
+    with pytest.raises(ValueError, match="KV-cache blocks"):
+        run(loop, collect(engine, "Hi", greedy(n=2, max_tokens=200)))
+    run(loop, assert_all_blocks_free(engine))
+    assert not engine.output_processor.has_unfinished_requests()

@@ -158,3 +158,27 @@ def test_no_stop_string_gives_the_full_text(tokenizer, encode):
     assert not any(feed_one_by_one(detokenizer, token_ids))
     assert detokenizer.text == TEXT
     assert detokenizer.stop_string is None
+
+
+def test_stop_strings_are_not_looked_for_in_the_first_min_tokens(tokenizer, encode):
+    token_ids = encode("ab ab ab ab ab ab")
+    first_two = tokenizer.decode(token_ids[:2])
+    assert "ab" in first_two
+
+    detokenizer = IncrementalDetokenizer(tokenizer, encode(PROMPT), stop=["ab"], min_tokens=2)
+    stopped = feed_one_by_one(detokenizer, token_ids)
+
+    assert stopped[:2] == [False, False] and any(stopped[2:])
+    assert detokenizer.text.startswith(first_two)
+
+
+def test_a_stop_string_must_end_in_new_text(tokenizer, encode):
+    """Once min_tokens is met, an occurrence wholly inside the protected text does not count."""
+    token_ids = encode("xy zzz")
+    protected = len(encode("xy"))
+    detokenizer = IncrementalDetokenizer(
+        tokenizer, encode(PROMPT), stop=["xy", "q q q q q"], min_tokens=protected
+    )
+
+    assert not any(feed_one_by_one(detokenizer, token_ids))
+    assert detokenizer.text == "xy zzz"

@@ -56,3 +56,21 @@ def test_get_waits_for_a_put():
         return await asyncio.wait_for(collector.get(), 5)
 
     assert asyncio.run(put_later_then_get()).outputs[0].text == "late"
+
+
+def test_deltas_of_several_samples_are_merged_by_index():
+    collector = RequestOutputCollector(RequestOutputKind.DELTA)
+    first = RequestOutput("r", "p", [1], [CompletionOutput(1, "b", [2])], finished=False)
+    second = RequestOutput(
+        "r", "p", [1], [CompletionOutput(0, "a", [1]), CompletionOutput(1, "c", [3], "stop")], False
+    )
+    collector.put(first)
+    collector.put(second)
+
+    merged = get(collector)
+
+    assert [(c.index, c.text, c.token_ids) for c in merged.outputs] == [
+        (0, "a", [1]),
+        (1, "bc", [2, 3]),
+    ]
+    assert merged.outputs[1].finish_reason == "stop"

@@ -234,3 +234,87 @@ def test_a_request_id_in_use_is_refused(processor, encode):
 def add_kind(processor, encode, request_id: str, kind: RequestOutputKind, **params) -> None:
     core_request = EngineCoreRequest(request_id, encode("Tell me"), SamplingParams(**params))
     processor.add_request(core_request, "Tell me", kind)
+
+
+# ---- n > 1 and logprobs --------------------------------------------------------------------
+
+
+def add_parent(processor, encode, request_id: str, kind=RequestOutputKind.CUMULATIVE, **params):
+    core_request = EngineCoreRequest(request_id, encode("Tell me"), SamplingParams(**params))
+    return processor.add_request(core_request, "Tell me", kind)
+
+
+def test_n_fans_out_into_children_with_their_own_seeds(processor, encode):
+    children = add_parent(processor, encode, "p", n=3, seed=5)
+
+    assert [c.request_id for c in children] == ["0_p", "1_p", "2_p"]
+    assert [c.sampling_params.seed for c in children] == [5, 6, 7]
+    assert all(c.sampling_params.n == 1 for c in children)
+    assert processor.core_request_ids(["p", "x"]) == ["0_p", "1_p", "2_p", "x"]
+    assert processor.caller_request_ids(["1_p", "2_p", "x"]) == ["p", "x"]
+    with pytest.raises(ValueError, match="already in use"):
+        add_parent(processor, encode, "p", n=2)
+
+
+def test_offline_parent_output_comes_once_with_every_sample(processor, encode):
+    add_parent(processor, encode, "p", n=2)
+    ids = encode(TEXT)
+
+    first = processor.process_outputs(
+        [
+            EngineCoreOutput("1_p", ids[:3], finish_reason="length"),
+            EngineCoreOutput("0_p", ids[:2]),
+        ],
+        emit_unfinished=False,
+    )
+    last = processor.process_outputs(
+        [EngineCoreOutput("0_p", ids[2:4], finish_reason="length")], emit_unfinished=False
+    )
+
+    assert first.request_outputs == []
+    (output,) = last.request_outputs
+    assert output.request_id == "p" and output.finished
+    assert [(c.index, c.token_ids) for c in output.outputs] == [(0, ids[:4]), (1, ids[:3])]
+    assert not processor.has_unfinished_requests()
+
+
+def test_streamed_delta_parent_outputs_carry_only_the_changed_sample(processor, encode):
+    add_parent(processor, encode, "p", RequestOutputKind.DELTA, n=2)
+    ids = encode(TEXT)
+
+    step = processor.process_outputs([EngineCoreOutput("1_p", ids[:2])])
+
+    (output,) = step.request_outputs
+    assert not output.finished
+    assert [(c.index, c.token_ids) for c in output.outputs] == [(1, ids[:2])]
+
+
+def test_aborting_a_parent_aborts_each_unfinished_sample(processor, encode):
+    add_parent(processor, encode, "p", n=2)
+    processor.process_outputs([EngineCoreOutput("0_p", [5], finish_reason="length")])
+
+    (output,) = processor.abort_requests(["p"])
+
+    assert output.finished
+    assert [c.finish_reason for c in output.outputs] == ["length", "abort"]
+    assert not processor.has_unfinished_requests()
+
+
+def test_logprobs_follow_the_tokens_in_delta_outputs(processor, encode, tokenizer):
+    from vlite.core.outputs import SampledLogprobs
+
+    core_request = EngineCoreRequest("a", encode("Tell me"), SamplingParams(logprobs=1))
+    processor.add_request(core_request, "Tell me", RequestOutputKind.DELTA)
+    ids = encode(TEXT)[:3]
+    entries = [SampledLogprobs([t, 9], [-0.5 * (i + 1), -0.1], [2, 1]) for i, t in enumerate(ids)]
+
+    first = processor.process_outputs([EngineCoreOutput("a", ids[:2], new_logprobs=entries[:2])])
+    last = processor.process_outputs(
+        [EngineCoreOutput("a", ids[2:], "length", new_logprobs=entries[2:])]
+    )
+
+    a, b = first.request_outputs[0].outputs[0], last.request_outputs[0].outputs[0]
+    assert [list(p) for p in a.logprobs] == [[ids[0], 9], [ids[1], 9]]
+    assert [list(p) for p in b.logprobs] == [[ids[2], 9]]
+    assert b.logprobs[0][ids[2]].decoded_token == tokenizer.decode([ids[2]])
+    assert (a.cumulative_logprob, b.cumulative_logprob) == (-1.5, -3.0)

@@ -180,15 +180,50 @@ def test_chat_without_max_tokens_fills_the_cache(client):
         ("/v1/completions", {"prompt": "x", "top_p": 1.5}, "top_p", "(0, 1]"),
         ("/v1/completions", {"prompt": "x", "max_tokens": 0}, "max_tokens", ">= 1"),
         ("/v1/completions", {"prompt": "x", "top_k": -5}, "top_k", "-1"),
-        ("/v1/completions", {"prompt": "x", "n": 2}, "n", "only n=1"),
+        ("/v1/completions", {"prompt": "x", "n": 0}, "n", ">= 1"),
         ("/v1/completions", {"prompt": "x", "max_tokens": "many"}, "max_tokens", "integer"),
         ("/v1/completions", {}, "prompt", "required"),
         ("/v1/completions", {"prompt": ["a", "b"]}, "prompt", "one request per prompt"),
-        ("/v1/completions", {"prompt": "x", "logprobs": 2}, "logprobs", "not supported"),
+        ("/v1/completions", {"prompt": "x", "logprobs": 21}, "logprobs", "[0, 20]"),
+        ("/v1/completions", {"prompt": "x", "logprobs": -1}, "logprobs", "[0, 20]"),
+        ("/v1/completions", {"prompt": "x", "best_of": 3}, "best_of", "not supported"),
+        ("/v1/completions", {"prompt": "x", "echo": True, "logprobs": 1}, "echo", "not supported"),
+        (
+            "/v1/completions",
+            {"prompt": "x", "presence_penalty": 2.5},
+            "presence_penalty",
+            "[-2, 2]",
+        ),
+        (
+            "/v1/completions",
+            {"prompt": "x", "frequency_penalty": -3},
+            "frequency_penalty",
+            "[-2, 2]",
+        ),
+        ("/v1/completions", {"prompt": "x", "repetition_penalty": 0}, "repetition_penalty", "> 0"),
+        ("/v1/completions", {"prompt": "x", "min_p": 1.5}, "min_p", "[0, 1]"),
+        (
+            "/v1/completions",
+            {"prompt": "x", "max_tokens": 4, "min_tokens": 5},
+            "min_tokens",
+            "<= max_tokens",
+        ),
         ("/v1/completions", {"prompt": [5] * 600}, None, "max_model_len"),
         ("/v1/completions", {"prompt": "x", "max_tokens": 300}, None, "KV-cache blocks"),
         ("/v1/chat/completions", {"messages": []}, "messages", "at least 1"),
-        ("/v1/chat/completions", {"messages": CHAT, "n": 3}, "n", "only n=1"),
+        ("/v1/chat/completions", {"messages": CHAT, "n": -1}, "n", ">= 1"),
+        (
+            "/v1/chat/completions",
+            {"messages": CHAT, "top_logprobs": 2},
+            "top_logprobs",
+            "logprobs=true",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": CHAT, "logprobs": True, "top_logprobs": 21},
+            "top_logprobs",
+            "[0, 20]",
+        ),
         ("/v1/chat/completions", {"messages": CHAT, "stop": [""]}, "stop", "non-empty"),
     ],
 )
@@ -277,3 +312,114 @@ def test_a_client_leaving_mid_stream_aborts_its_request(server, client, monkeypa
     assert stats.num_unfinished_requests == 0
     assert stats.num_free_kv_blocks == stats.num_kv_blocks
     assert stats.num_steps - num_steps_before < 60  # aborted, not run to its 120 tokens
+
+
+# ---- n, logprobs and penalties ---------------------------------------------------------------
+
+
+def test_completion_logprobs_have_the_openai_shape(client, tokenizer):
+    body = greedy(prompt="The quick brown fox", max_tokens=5, logprobs=2)
+
+    choice = client.post("/v1/completions", json=body).json()["choices"][0]
+
+    logprobs = choice["logprobs"]
+    assert set(logprobs) == {"tokens", "token_logprobs", "top_logprobs", "text_offset"}
+    assert len(logprobs["tokens"]) == len(logprobs["token_logprobs"]) == 5
+    assert all(lp <= 0 for lp in logprobs["token_logprobs"])
+    for token, token_logprob, top in zip(
+        logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"]
+    ):
+        assert top[token] == token_logprob  # greedy: the sampled token is the top one
+        assert 1 <= len(top) <= 2 and max(top.values()) == token_logprob
+    offsets = logprobs["text_offset"]
+    assert offsets[0] == 0
+    assert offsets[1:] == [offsets[i] + len(logprobs["tokens"][i]) for i in range(len(offsets) - 1)]
+
+
+def test_streamed_completion_logprobs_cover_every_token(client):
+    body = greedy(prompt="Once upon a time", max_tokens=6, logprobs=1)
+    full = client.post("/v1/completions", json=body).json()["choices"][0]["logprobs"]
+
+    chunks = stream_events(client, "/v1/completions", body)
+
+    streamed = [c["choices"][0]["logprobs"] for c in chunks]
+    assert sum((s["tokens"] for s in streamed), []) == full["tokens"]
+    assert sum((s["token_logprobs"] for s in streamed), []) == full["token_logprobs"]
+    assert sum((s["text_offset"] for s in streamed), []) == full["text_offset"]
+
+
+def test_completion_with_n_gives_indexed_choices(client):
+    body = {
+        "model": MODEL_NAME,
+        "prompt": "Hello",
+        "max_tokens": 6,
+        "n": 2,
+        "seed": 3,
+        "ignore_eos": True,
+        "presence_penalty": 0.5,
+        "frequency_penalty": 0.2,
+        "repetition_penalty": 1.1,
+        "min_p": 0.01,
+        "min_tokens": 2,
+    }
+
+    result = client.post("/v1/completions", json=body).json()
+    events = stream_events(client, "/v1/completions", body)
+
+    assert [c["index"] for c in result["choices"]] == [0, 1]
+    assert result["choices"][0]["text"] != result["choices"][1]["text"]
+    assert result["usage"]["completion_tokens"] == 12
+    streamed = {0: "", 1: ""}
+    finishes = {}
+    for event in events:
+        (choice,) = event["choices"]
+        streamed[choice["index"]] += choice["text"]
+        if choice["finish_reason"]:
+            finishes[choice["index"]] = choice["finish_reason"]
+    assert streamed == {c["index"]: c["text"] for c in result["choices"]}  # seeded: same
+    assert finishes == {0: "length", 1: "length"}
+
+
+def test_chat_logprobs_and_n_have_the_openai_shape(client):
+    body = greedy(messages=CHAT, max_tokens=4, n=2, logprobs=True, top_logprobs=2)
+
+    result = client.post("/v1/chat/completions", json=body).json()
+
+    assert [c["index"] for c in result["choices"]] == [0, 1]
+    assert result["usage"]["completion_tokens"] == 8
+    for choice in result["choices"]:
+        content = choice["logprobs"]["content"]
+        assert len(content) == 4
+        for entry in content:
+            assert set(entry) == {"token", "logprob", "bytes", "top_logprobs"}
+            assert entry["bytes"] == list(entry["token"].encode())
+            assert len(entry["top_logprobs"]) == 2
+            assert entry["top_logprobs"][0]["logprob"] == entry["logprob"]  # greedy
+            assert entry["top_logprobs"][0]["logprob"] >= entry["top_logprobs"][1]["logprob"]
+    without = client.post("/v1/chat/completions", json=greedy(messages=CHAT, max_tokens=2)).json()
+    assert without["choices"][0]["logprobs"] is None
+
+
+def test_streamed_chat_with_n_names_each_choice(client):
+    body = greedy(messages=CHAT, max_tokens=4, n=2, logprobs=True)
+    full = client.post("/v1/chat/completions", json=body).json()
+
+    events = stream_events(client, "/v1/chat/completions", body)
+
+    roles = [e["choices"][0]["index"] for e in events if "role" in e["choices"][0]["delta"]]
+    assert roles == [0, 1]
+    content = {0: "", 1: ""}
+    tokens = {0: [], 1: []}
+    finishes = {}
+    for event in events:
+        (choice,) = event["choices"]
+        content[choice["index"]] += choice["delta"].get("content", "")
+        if choice["logprobs"]:
+            tokens[choice["index"]] += [t["token"] for t in choice["logprobs"]["content"]]
+            assert all(t["top_logprobs"] == [] for t in choice["logprobs"]["content"])
+        if choice["finish_reason"]:
+            finishes[choice["index"]] = choice["finish_reason"]
+    assert finishes == {0: "length", 1: "length"}
+    for choice in full["choices"]:
+        assert content[choice["index"]] == choice["message"]["content"]
+        assert tokens[choice["index"]] == [t["token"] for t in choice["logprobs"]["content"]]

@@ -11,20 +11,11 @@ from typing import Any
 import click
 
 from vlite.cli.options import build_config, engine_options, pop_engine_overrides
-from vlite.core.outputs import RequestOutput
-from vlite.core.sampling_params import SamplingParams
+from vlite.core.outputs import CompletionOutput, RequestOutput
+from vlite.core.sampling_params import SAMPLING_PARAM_NAMES, SamplingParams
 
 #: JSONL fields that set a request's own sampling options.
-SAMPLING_FIELDS = (
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "seed",
-    "stop",
-    "stop_token_ids",
-    "ignore_eos",
-)
+SAMPLING_FIELDS = SAMPLING_PARAM_NAMES
 
 
 @dataclass
@@ -44,7 +35,8 @@ class PromptSpec:
     type=click.File("r"),
     help="File of prompts: plain lines, or JSONL with 'prompt' and optional per-request "
     "fields (max_tokens, temperature, top_p, top_k, seed, stop, stop_token_ids, "
-    "ignore_eos, priority). '-' reads stdin.",
+    "ignore_eos, n, presence_penalty, frequency_penalty, repetition_penalty, min_p, "
+    "min_tokens, logprobs, priority). '-' reads stdin.",
 )
 @click.option("--chat", is_flag=True, help="Send each prompt as a user message (chat template).")
 @click.option("--max-tokens", type=int, default=64, show_default=True, help="New tokens each.")
@@ -53,6 +45,26 @@ class PromptSpec:
 )
 @click.option("--top-p", type=float, default=1.0, show_default=True)
 @click.option("--top-k", type=int, default=0, show_default=True, help="0 keeps every token.")
+@click.option("--min-p", type=float, default=0.0, show_default=True, help="0 keeps every token.")
+@click.option("--presence-penalty", type=float, default=0.0, show_default=True, help="In [-2, 2].")
+@click.option("--frequency-penalty", type=float, default=0.0, show_default=True, help="In [-2, 2].")
+@click.option("--repetition-penalty", type=float, default=1.0, show_default=True, help="1 is off.")
+@click.option(
+    "--min-tokens",
+    type=int,
+    default=0,
+    show_default=True,
+    help="New tokens before EOS, stop tokens or stop strings may end a request.",
+)
+@click.option(
+    "--n", "n", type=int, default=1, show_default=True, help="Samples per prompt (try a seed)."
+)
+@click.option(
+    "--logprobs",
+    type=int,
+    default=None,
+    help="With --json: each token's logprob and this many top alternatives.",
+)
 @click.option("--stop", multiple=True, help="Stop string (repeatable); cut from the output.")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per request.")
@@ -164,30 +176,61 @@ def _to_engine_prompt(llm, prompt: str, chat: bool) -> str | dict[str, Any]:
 
 
 def _format_output(index: int, prompt: str, output: RequestOutput, as_json: bool) -> str:
+    """One request's output: a JSON object, or a header and the text.
+
+    The first sample's fields are at the top level; a request with several samples
+    (``n > 1``) also lists them all under ``"samples"`` (or prints each under a rule).
+    """
     completion = output.outputs[0]
     if as_json:
         ttft = output.metrics.time_to_first_token if output.metrics else None
-        return json.dumps(
-            {
-                "index": index,
-                "prompt": prompt,
-                "text": completion.text,
-                "token_ids": completion.token_ids,
-                "finish_reason": completion.finish_reason,
-                "num_prompt_tokens": len(output.prompt_token_ids),
-                "num_output_tokens": len(completion.token_ids),
-                "num_cached_tokens": output.num_cached_tokens,
-                "ttft_s": ttft,
-            }
-        )
+        record = {
+            "index": index,
+            "prompt": prompt,
+            **_completion_record(completion),
+            "num_prompt_tokens": len(output.prompt_token_ids),
+            "num_cached_tokens": output.num_cached_tokens,
+            "ttft_s": ttft,
+        }
+        if len(output.outputs) > 1:
+            record["samples"] = [_completion_record(c) for c in output.outputs]
+        return json.dumps(record)
     header = click.style(f"[{index}] {prompt}", bold=True)
-    return f"{header}\n{completion.text}\n"
+    if len(output.outputs) == 1:
+        return f"{header}\n{completion.text}\n"
+    samples = [f"--- sample {c.index} ---\n{c.text}\n" for c in output.outputs]
+    return "\n".join([header, *samples])
+
+
+def _completion_record(completion: CompletionOutput) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "text": completion.text,
+        "token_ids": completion.token_ids,
+        "finish_reason": completion.finish_reason,
+        "num_output_tokens": len(completion.token_ids),
+    }
+    if completion.logprobs is not None:
+        record["cumulative_logprob"] = completion.cumulative_logprob
+        # Per token: the sampled token first, then the alternatives.
+        record["logprobs"] = [
+            [
+                {
+                    "token_id": token_id,
+                    "token": lp.decoded_token,
+                    "logprob": lp.logprob,
+                    "rank": lp.rank,
+                }
+                for token_id, lp in position.items()
+            ]
+            for position in completion.logprobs
+        ]
+    return record
 
 
 def summary_line(outputs: list[RequestOutput], elapsed: float) -> str:
     """Requests, prompt and output tokens, wall time, output tokens/s, mean TTFT."""
     num_prompt = sum(len(o.prompt_token_ids) for o in outputs)
-    num_output = sum(len(o.outputs[0].token_ids) for o in outputs)
+    num_output = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     ttfts = [
         o.metrics.time_to_first_token
         for o in outputs

@@ -9,6 +9,7 @@ from vlite.core.kv_cache import KVCacheManager
 from vlite.core.outputs import EngineCoreOutputs
 from vlite.core.plugins import PluginRegistry, build_plugin_manager
 from vlite.core.request import EngineCoreRequest, Request, RequestStatus
+from vlite.core.sampler import unsupported_sampling_options
 from vlite.core.scheduler import Scheduler, SchedulerLimits
 from vlite.core.stats import BatchEntry, StepObserver, StepRecord, StepStats
 from vlite.models.spec import ModelSpec
@@ -27,7 +28,7 @@ class EngineCore:
         self.registry = registry or PluginRegistry(build_plugin_manager())
         scheduler_cls = self.registry.get("scheduler", config.scheduler)
         executor_cls = self.registry.get("executor", config.executor)
-        self.registry.get("sampler", config.sampler)
+        self.sampler_cls = self.registry.get("sampler", config.sampler)
         self.model_spec = ModelSpec.from_config(config)
         #: The attention backend in use: what "auto" picks for this device, dtype and model.
         self.attention_backend_name, _ = resolve_attention_backend(
@@ -57,8 +58,10 @@ class EngineCore:
     # ---- requests ------------------------------------------------------------------
 
     def add_request(self, core_request: EngineCoreRequest) -> None:
-        """Queue a request; raises ``ValueError`` if it could never be scheduled."""
+        """Queue a request; raises ``ValueError`` if it could never be scheduled, or asks
+        for a sampling option the configured sampler does not support."""
         self._check_fits(core_request)
+        self._check_sampling(core_request)
         if core_request.request_id in self.scheduler.requests:
             raise ValueError(f"request_id {core_request.request_id!r} is already in use")
         self.scheduler.add_request(Request(core_request))
@@ -88,6 +91,21 @@ class EngineCore:
                 f"request {core_request.request_id!r} may need {num_blocks} KV-cache blocks "
                 f"but the cache has {self.kv_cache_manager.num_blocks}; raise num_kv_blocks "
                 "or lower max_tokens"
+            )
+
+    def _check_sampling(self, core_request: EngineCoreRequest) -> None:
+        params = core_request.sampling_params
+        if params.n != 1:
+            raise ValueError(
+                f"request {core_request.request_id!r} has n={params.n}: the engine core runs "
+                "one sample per request (LLM and AsyncLLM fan n > 1 out into n requests)"
+            )
+        unsupported = unsupported_sampling_options(self.sampler_cls, params)
+        if unsupported:
+            raise ValueError(
+                f"request {core_request.request_id!r} uses {', '.join(unsupported)}, which the "
+                f"sampler {self.config.sampler!r} does not support (it does not claim "
+                "the capability); use the 'default' sampler"
             )
 
     def abort_requests(self, request_ids: list[str]) -> None:

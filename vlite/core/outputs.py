@@ -16,13 +16,20 @@ from vlite.core.sampling_params import SamplingParams
 
 
 class NewRequestData(msgspec.Struct, array_like=True):
-    """A request the workers see for the first time."""
+    """A request the workers see for the first time.
+
+    ``token_ids`` are all its tokens, the first ``num_prompt_tokens`` the prompt (the
+    penalties and ``min_tokens`` need to tell them from the output); ``eos_token_id`` is
+    masked out until ``min_tokens`` output tokens exist (unless ``ignore_eos``).
+    """
 
     request_id: str
     token_ids: list[int]
     sampling_params: SamplingParams
     block_ids: list[int]
     num_computed_tokens: int
+    num_prompt_tokens: int
+    eos_token_id: int | None = None
 
 
 class CachedRequestData(msgspec.Struct, array_like=True):
@@ -61,14 +68,30 @@ class SchedulerOutput(msgspec.Struct, array_like=True):
         return not self.num_scheduled_tokens
 
 
+class SampledLogprobs(msgspec.Struct, array_like=True):
+    """Log-probabilities at one sampled position, from the model's raw logits.
+
+    ``token_ids[0]`` is the sampled token and ``token_ids[1:]`` the ``k`` most likely
+    tokens, most likely first (the sampled token may be among them too); ``logprobs`` and
+    ``ranks`` (1 = the most likely token) go with them.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    ranks: list[int]
+
+
 class ModelRunnerOutput(msgspec.Struct, array_like=True):
     """Tokens sampled this step.
 
     ``sampled_token_ids[request_id]`` holds the new tokens of each request that reached the
     end of its known tokens this step; a request in the middle of its prompt is absent.
+    ``logprobs[request_id]`` holds one entry per new token, for requests that asked for
+    ``logprobs``.
     """
 
     sampled_token_ids: dict[str, list[int]]
+    logprobs: dict[str, list[SampledLogprobs]] = msgspec.field(default_factory=dict)
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -79,6 +102,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
+    #: One entry per new token, when the request asked for ``logprobs``.
+    new_logprobs: list[SampledLogprobs] | None = None
 
     @property
     def is_finished(self) -> bool:
@@ -103,8 +128,31 @@ class RequestOutputKind(enum.Enum):
 
 
 @dataclass
+class Logprob:
+    """A token's log-probability at one position (vLLM's names).
+
+    Attributes:
+        logprob: natural log of its probability under the model's raw logits.
+        rank: 1 for the most likely token, 2 for the next, ...
+        decoded_token: the token's text on its own.
+    """
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+#: One position's log-probabilities: the sampled token and the top alternatives.
+PositionLogprobs = dict[int, Logprob]
+
+
+@dataclass
 class CompletionOutput:
-    """One generated sequence (vLLM's field names)."""
+    """One generated sequence (vLLM's field names).
+
+    ``logprobs`` (when the request asked for them) has one dict per token of
+    ``token_ids``; ``cumulative_logprob`` is the sum of the sampled tokens' logprobs.
+    """
 
     index: int
     text: str
@@ -112,6 +160,7 @@ class CompletionOutput:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     cumulative_logprob: float | None = None
+    logprobs: list[PositionLogprobs] | None = None
 
     @property
     def finished(self) -> bool:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, fields
 
 _GREEDY_EPSILON = 1e-5
+#: The most alternatives ``logprobs`` may ask for per token (OpenAI's limit too).
+MAX_LOGPROBS = 20
 
 
 class SamplingParamsError(ValueError):
@@ -29,6 +32,23 @@ class SamplingParams:
             A single string is normalized to a one-element list.
         stop_token_ids: Token ids that end generation (the token is kept in ``token_ids``).
         ignore_eos: Keep generating past the end-of-sequence token.
+        n: Independent samples of the prompt to generate (>= 1); ``RequestOutput.outputs``
+            holds one CompletionOutput per sample. With a ``seed``, sample ``i`` uses
+            ``seed + i`` so the samples differ but repeat.
+        presence_penalty: Subtracted once from the logit of every token already in the
+            output, in [-2, 2] (0 is off; > 0 favours new tokens).
+        frequency_penalty: Subtracted from a token's logit once per time it is already in
+            the output, in [-2, 2] (0 is off).
+        repetition_penalty: Tokens of the prompt or the output have positive logits divided
+            and negative ones multiplied by it; > 0 (1 is off; > 1 discourages repeats).
+        min_p: Drop tokens whose probability is below ``min_p`` times the most likely
+            token's, in [0, 1] (0 is off).
+        min_tokens: The end-of-sequence token, ``stop_token_ids`` and stop strings cannot
+            end the request before this many output tokens (>= 0, <= ``max_tokens``).
+        logprobs: ``None``, or return the log-probability of each sampled token and of the
+            ``logprobs`` most likely tokens at its position (0 <= logprobs <=
+            ``MAX_LOGPROBS``), from the model's raw logits (before penalties and
+            temperature).
     """
 
     max_tokens: int = 16
@@ -39,6 +59,13 @@ class SamplingParams:
     stop: list[str] | str | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    min_tokens: int = 0
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         self._check(
@@ -72,6 +99,31 @@ class SamplingParams:
         self.stop_token_ids = list(ids)
         if self.top_k == -1:
             self.top_k = 0
+        self._check_extended_fields()
+
+    def _check_extended_fields(self) -> None:
+        """The options beyond the basic ones: n, penalties, min_p, min_tokens, logprobs."""
+        self._check(_is_int(self.n) and self.n >= 1, "n", "an integer >= 1")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            self._check(_is_number(value) and -2 <= value <= 2, name, "a number in [-2, 2]")
+        self._check(
+            _is_number(self.repetition_penalty) and self.repetition_penalty > 0,
+            "repetition_penalty",
+            "a number > 0 (1 disables it)",
+        )
+        self._check(_is_number(self.min_p) and 0 <= self.min_p <= 1, "min_p", "a number in [0, 1]")
+        self._check(
+            _is_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens,
+            "min_tokens",
+            f"an integer >= 0 and <= max_tokens ({self.max_tokens})",
+        )
+        logprobs = self.logprobs
+        self._check(
+            logprobs is None or (_is_int(logprobs) and 0 <= logprobs <= MAX_LOGPROBS),
+            "logprobs",
+            f"None or an integer in [0, {MAX_LOGPROBS}]",
+        )
 
     def _check(self, is_ok: bool, name: str, allowed: str) -> None:
         if not is_ok:
@@ -92,3 +144,27 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         return self.temperature < _GREEDY_EPSILON
+
+    @property
+    def has_penalties(self) -> bool:
+        """Whether any of the presence, frequency or repetition penalties is on."""
+        return bool(
+            self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+        )
+
+    def for_sample(self, index: int) -> SamplingParams:
+        """The params of sample ``index`` of ``n``: one sample, and a seed of its own."""
+        seed = None if self.seed is None else self.seed + index
+        return dataclasses.replace(self, n=1, seed=seed)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+#: Every SamplingParams field, in declaration order (the keys a request may set).
+SAMPLING_PARAM_NAMES: tuple[str, ...] = tuple(f.name for f in fields(SamplingParams))

@@ -326,6 +326,8 @@ class Scheduler(ABC):
                     request.sampling_params,
                     block_ids,
                     num_cached,
+                    request.num_prompt_tokens,
+                    request.eos_token_id,
                 )
             )
 
@@ -337,6 +339,7 @@ class Scheduler(ABC):
         """Advance counters, append sampled tokens, finish and free stopped requests."""
         outputs: list[EngineCoreOutput] = []
         sampled = runner_output.sampled_token_ids
+        logprobs = runner_output.logprobs
         for request_id, num_new in scheduler_output.num_scheduled_tokens.items():
             request = self.requests.get(request_id)
             if request is None or request.status is not RequestStatus.RUNNING:
@@ -345,6 +348,7 @@ class Scheduler(ABC):
             new_token_ids = self._append_until_stop(request, sampled.get(request_id, []))
             if not new_token_ids and not request.is_finished:
                 continue
+            new_logprobs = logprobs.get(request_id) if logprobs else None
             outputs.append(
                 EngineCoreOutput(
                     request_id,
@@ -352,6 +356,7 @@ class Scheduler(ABC):
                     request.status.finish_reason,
                     request.stop_reason,
                     request.num_cached_tokens,
+                    new_logprobs[: len(new_token_ids)] if new_logprobs else None,
                 )
             )
             if request.is_finished:

@@ -14,12 +14,14 @@ def check_stop(request: Request, max_model_len: int) -> bool:
     In order: the end-of-sequence token (unless ``ignore_eos``), a token listed in
     ``stop_token_ids`` (recorded as ``stop_reason``), then ``max_tokens`` or the model's
     context length. A token that is both EOS and the last allowed one reports "stop".
+    Before ``min_tokens`` output tokens exist, neither EOS nor a stop token ends it.
     """
     params = request.sampling_params
     last_token_id = request.output_token_ids[-1]
-    if not params.ignore_eos and last_token_id == request.eos_token_id:
+    may_stop = request.num_output_tokens >= params.min_tokens
+    if may_stop and not params.ignore_eos and last_token_id == request.eos_token_id:
         request.status = RequestStatus.FINISHED_STOPPED
-    elif last_token_id in params.stop_token_ids:
+    elif may_stop and last_token_id in params.stop_token_ids:
         request.status = RequestStatus.FINISHED_STOPPED
         request.stop_reason = last_token_id
     elif request.num_output_tokens >= params.max_tokens or request.num_tokens >= max_model_len:

@@ -132,6 +132,10 @@ class AsyncLLM:
         The request is sent when iteration starts. Cancelling the consumer (or closing
         the iterator early) aborts the request in the core, which frees its KV blocks.
 
+        With ``sampling_params.n > 1`` each output holds the samples: in ``DELTA`` mode
+        only the sample(s) that changed (``CompletionOutput.index`` says which), otherwise
+        all of them; it is finished when every sample is, and aborting it aborts them all.
+
         Args:
             prompt: text, or ``{"prompt_token_ids": [...]}``.
             sampling_params: default ``SamplingParams()``.
@@ -175,12 +179,13 @@ class AsyncLLM:
             raise ValueError(f"request_id {request_id!r} is already in use")
         core_request, text = self.input_processor.process(request_id, prompt, params, priority)
         collector = RequestOutputCollector(output_kind)
-        self.output_processor.add_request(core_request, text, output_kind)
+        core_requests = self.output_processor.add_request(core_request, text, output_kind)
         self._collectors[request_id] = collector
         try:
-            self.engine_core.add_request(core_request)
+            for request in core_requests:  # n > 1: the n samples, as separate requests
+                self.engine_core.add_request(request)
         except BaseException:
-            self.output_processor.abort_requests([request_id])
+            self._abort_now([request_id])
             del self._collectors[request_id]
             raise
         return collector
@@ -188,15 +193,17 @@ class AsyncLLM:
     async def abort(self, request_id: str | Iterable[str]) -> None:
         """Abort requests: their consumers get a last output with ``finish_reason="abort"``."""
         request_ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        core_request_ids = self.output_processor.core_request_ids(request_ids)
         for output in self.output_processor.abort_requests(request_ids):
             collector = self._collectors.get(output.request_id)
             if collector is not None:
                 collector.put(output)
-        self.engine_core.abort_requests(request_ids)
+        self.engine_core.abort_requests(core_request_ids)
 
     def _abort_now(self, request_ids: list[str]) -> None:
+        core_request_ids = self.output_processor.core_request_ids(request_ids)
         self.output_processor.abort_requests(request_ids)
-        self.engine_core.abort_requests(request_ids)
+        self.engine_core.abort_requests(core_request_ids)
 
     async def get_stats(self) -> EngineCoreStats:
         """The core's counters now (KV blocks free, requests running and waiting, steps)."""
@@ -241,9 +248,19 @@ class AsyncLLM:
             )
 
     def _fail_requests(self, errors: RequestErrors) -> None:
-        self.output_processor.abort_requests(errors.request_ids)
+        # A failed sample fails its whole request: the other samples are aborted too.
+        request_ids = self.output_processor.caller_request_ids(errors.request_ids)
+        failed = set(errors.request_ids)
+        others = [
+            core_id
+            for core_id in self.output_processor.core_request_ids(request_ids)
+            if core_id not in failed
+        ]
+        self.output_processor.abort_requests(request_ids)
+        if others:
+            self.engine_core.abort_requests(others)
         error_cls = ValueError if errors.is_invalid_request else EngineGenerateError
-        for request_id in errors.request_ids:
+        for request_id in request_ids:
             collector = self._collectors.get(request_id)
             if collector is not None:
                 collector.put_error(error_cls(errors.message))

@@ -20,11 +20,18 @@ class IncrementalDetokenizer:
         tokenizer: a Hugging Face tokenizer.
         prompt_token_ids: the prompt; its last tokens give the first window its context.
         stop: stop strings; generation ends at the first one, which is cut from the text.
+        min_tokens: stop strings are not looked for in the text of the first
+            ``min_tokens`` tokens (vLLM's rule); a stop string that ends later may still
+            begin in it.
     """
 
-    def __init__(self, tokenizer: Any, prompt_token_ids: list[int], stop: list[str]) -> None:
+    def __init__(
+        self, tokenizer: Any, prompt_token_ids: list[int], stop: list[str], min_tokens: int = 0
+    ) -> None:
         self.tokenizer = tokenizer
         self.stop = stop
+        self.min_tokens = min_tokens
+        self.num_output_tokens = 0
         self.max_stop_len = max((len(s) for s in stop), default=0)
         self.token_ids = list(prompt_token_ids[-_CONTEXT_TOKENS:])
         self.prefix_offset = 0
@@ -36,8 +43,11 @@ class IncrementalDetokenizer:
         """Decode new tokens into :attr:`text`; return True when a stop string appeared."""
         for token_id in new_token_ids:
             self.token_ids.append(token_id)
+            self.num_output_tokens += 1
             num_chars_before = len(self.text)
             self.text += self._decode_next()
+            if self.num_output_tokens <= self.min_tokens:
+                continue
             if self.stop and self._cut_at_stop_string(num_chars_before):
                 return True
         return False
@@ -66,12 +76,12 @@ class IncrementalDetokenizer:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     def _cut_at_stop_string(self, num_chars_before: int) -> bool:
-        # A stop string may straddle the new text and the old: search from just before it.
-        search_from = max(0, num_chars_before - self.max_stop_len + 1)
+        # A stop string may straddle the new text and the old, but must end in the new
+        # (the old was searched already, or was protected by min_tokens).
         found = [
             (index, stop)
             for stop in self.stop
-            if (index := self.text.find(stop, search_from)) != -1
+            if (index := self.text.find(stop, max(0, num_chars_before - len(stop) + 1))) != -1
         ]
         if not found:
             return False

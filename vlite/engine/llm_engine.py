@@ -42,17 +42,27 @@ class LLMEngine:
         params: SamplingParams,
         priority: int = 0,
     ) -> None:
-        """Tokenize (unless given ``{"prompt_token_ids": [...]}``) and queue a request."""
+        """Tokenize (unless given ``{"prompt_token_ids": [...]}``) and queue a request
+        (``params.n > 1``: its ``n`` samples, which finish together as one output)."""
         core_request, text = self.input_processor.process(request_id, prompt, params, priority)
-        self.engine_core.add_request(core_request)
-        self.output_processor.add_request(core_request, text)
+        core_requests = self.output_processor.add_request(core_request, text)
+        added: list[str] = []
+        try:
+            for request in core_requests:
+                self.engine_core.add_request(request)
+                added.append(request.request_id)
+        except BaseException:
+            self.engine_core.abort_requests(added)
+            self.output_processor.abort_requests([request_id])
+            raise
 
     def apply_chat_template(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
         """A prompt dict (text and token ids) for a conversation, ready for a reply."""
         return self.input_processor.apply_chat_template(messages)
 
     def abort_requests(self, request_ids: list[str]) -> None:
-        self.engine_core.abort_requests(request_ids)
+        """Abort requests (with all the samples of an ``n > 1`` request)."""
+        self.engine_core.abort_requests(self.output_processor.core_request_ids(request_ids))
         self.output_processor.abort_requests(request_ids)
 
     def has_unfinished_requests(self) -> bool:

@@ -46,12 +46,25 @@ class RequestOutputCollector:
 
 
 def _merge_delta(pending: RequestOutput, newer: RequestOutput) -> None:
-    """Append ``newer``'s delta to ``pending`` (neither has been handed to the consumer)."""
-    completion, newer_completion = pending.outputs[0], newer.outputs[0]
-    completion.text += newer_completion.text
-    completion.token_ids += newer_completion.token_ids
-    completion.finish_reason = newer_completion.finish_reason
-    completion.stop_reason = newer_completion.stop_reason
+    """Append ``newer``'s delta to ``pending`` (neither has been handed to the consumer).
+
+    Completions are matched by ``index`` (the samples of an ``n > 1`` request arrive one
+    at a time); a sample new to ``pending`` is added in index order.
+    """
+    by_index = {completion.index: completion for completion in pending.outputs}
+    for newer_completion in newer.outputs:
+        completion = by_index.get(newer_completion.index)
+        if completion is None:
+            pending.outputs.append(newer_completion)
+            continue
+        completion.text += newer_completion.text
+        completion.token_ids += newer_completion.token_ids
+        completion.finish_reason = newer_completion.finish_reason
+        completion.stop_reason = newer_completion.stop_reason
+        completion.cumulative_logprob = newer_completion.cumulative_logprob
+        if completion.logprobs is not None and newer_completion.logprobs is not None:
+            completion.logprobs += newer_completion.logprobs
+    pending.outputs.sort(key=lambda completion: completion.index)
     pending.finished = newer.finished
     pending.num_cached_tokens = newer.num_cached_tokens
     pending.metrics = newer.metrics

@@ -62,15 +62,16 @@ class SamplingRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = 1
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None  # vLLM extension
+    min_p: float | None = None  # vLLM extension
+    min_tokens: int | None = None  # vLLM extension
     user: str | None = None  # accepted and ignored
     # Known OpenAI features this server does not implement: rejected unless left unset.
     best_of: int | None = None
-    logprobs: Any = None
-    top_logprobs: int | None = None
     echo: bool | None = None
     suffix: str | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     tools: list[Any] | None = None
     response_format: Any = None
@@ -85,6 +86,8 @@ class CompletionRequest(SamplingRequest):
     """``POST /v1/completions``: one prompt, as text or token ids."""
 
     prompt: str | list[int] | list[str] | list[list[int]]
+    #: Log-probabilities of each token and of this many most likely alternatives.
+    logprobs: int | None = None
 
 
 class ChatMessage(BaseModel):
@@ -99,6 +102,10 @@ class ChatCompletionRequest(SamplingRequest):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
+    #: Return each content token's log-probability ...
+    logprobs: bool = False
+    #: ... and this many most likely alternatives at each position (needs ``logprobs``).
+    top_logprobs: int | None = None
 
 
 # ---- responses --------------------------------------------------------------------------
@@ -110,10 +117,36 @@ class UsageInfo(BaseModel):
     total_tokens: int
 
 
+class CompletionLogProbs(BaseModel):
+    """The legacy completions API's logprobs: parallel lists, one entry per token."""
+
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+    #: Character offset of each token in the completion's text.
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class ChatTopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatTokenLogprob(ChatTopLogprob):
+    top_logprobs: list[ChatTopLogprob] = Field(default_factory=list)
+
+
+class ChatLogProbs(BaseModel):
+    """The chat API's logprobs: one entry per content token."""
+
+    content: list[ChatTokenLogprob] | None = None
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None  # vLLM extension
 
@@ -135,7 +168,7 @@ class ChatResponseMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int = 0
     message: ChatResponseMessage
-    logprobs: None = None
+    logprobs: ChatLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 
@@ -157,7 +190,7 @@ class DeltaMessage(BaseModel):
 class ChatStreamChoice(BaseModel):
     index: int = 0
     delta: DeltaMessage
-    logprobs: None = None
+    logprobs: ChatLogProbs | None = None
     finish_reason: str | None = None
 
 

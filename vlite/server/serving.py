@@ -6,12 +6,13 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fastapi import Request
 
-from vlite.core.outputs import RequestOutput, RequestOutputKind
-from vlite.core.sampling_params import SamplingParams
+from vlite.core.outputs import CompletionOutput, PositionLogprobs, RequestOutput, RequestOutputKind
+from vlite.core.sampling_params import SAMPLING_PARAM_NAMES, SamplingParams
 from vlite.engine.async_llm import AsyncLLM
 from vlite.engine.input_processor import Prompt
 from vlite.server.errors import OpenAIError, from_exception
@@ -22,17 +23,17 @@ T = TypeVar("T")
 #: Request fields this server does not implement, and the values that mean "not asked for".
 UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
     "echo": (None, False),
     "suffix": (None, ""),
-    "presence_penalty": (None, 0),
-    "frequency_penalty": (None, 0),
     "logit_bias": (None, {}),
     "tools": (None, []),
     "response_format": (None, {"type": "text"}),
 }
-_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids")
+# Request fields passed to SamplingParams as they are (the rest are set from the
+# request's own fields: max_tokens, ignore_eos and the two shapes of logprobs).
+_SAMPLING_FIELDS = tuple(
+    name for name in SAMPLING_PARAM_NAMES if name not in ("max_tokens", "ignore_eos", "logprobs")
+)
 
 DONE = "data: [DONE]\n\n"
 
@@ -54,17 +55,13 @@ class OpenAIServing:
         self.served_model_name = served_model_name
 
     def check_request(self, request: SamplingRequest) -> None:
-        """Reject a request for another model, ``n > 1`` or an unsupported feature."""
+        """Reject a request for another model or an unsupported feature."""
         if request.model is not None and request.model != self.served_model_name:
             raise OpenAIError(
                 f"the model {request.model!r} does not exist; this server serves "
                 f"{self.served_model_name!r}",
                 status=404,
                 param="model",
-            )
-        if request.n != 1:
-            raise OpenAIError(
-                f"n={request.n} is not supported: only n=1 (one choice per request)", param="n"
             )
         for name, unset_values in UNSUPPORTED_FIELDS.items():
             value = getattr(request, name)
@@ -74,12 +71,16 @@ class OpenAIServing:
                     param=name,
                 )
 
-    def sampling_params(self, request: SamplingRequest, max_tokens: int) -> SamplingParams:
+    def sampling_params(
+        self, request: SamplingRequest, max_tokens: int, logprobs: int | None = None
+    ) -> SamplingParams:
         """The request's SamplingParams; invalid values become a 400 naming the field."""
         given = {name: getattr(request, name) for name in _SAMPLING_FIELDS}
         options = {name: value for name, value in given.items() if value is not None}
         try:
-            return SamplingParams(max_tokens=max_tokens, ignore_eos=request.ignore_eos, **options)
+            return SamplingParams(
+                max_tokens=max_tokens, ignore_eos=request.ignore_eos, logprobs=logprobs, **options
+            )
         except ValueError as exc:
             raise from_exception(exc) from None
 
@@ -110,19 +111,43 @@ class OpenAIServing:
         return first, stream
 
 
-async def collect(
-    raw_request: Request, first: RequestOutput, stream: AsyncIterator[RequestOutput]
-) -> tuple[str, list[int], RequestOutput]:
-    """Run a started request to its end: ``(text, token_ids, last output)``."""
+@dataclass
+class Choice:
+    """One sample of a request, put together from its delta outputs."""
 
-    async def rest() -> tuple[str, list[int], RequestOutput]:
+    index: int
+    texts: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[PositionLogprobs] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.texts)
+
+    def add(self, delta: CompletionOutput) -> None:
+        self.texts.append(delta.text)
+        self.token_ids += delta.token_ids
+        self.logprobs += delta.logprobs or []
+        self.finish_reason = delta.finish_reason
+        self.stop_reason = delta.stop_reason
+
+
+async def collect(
+    raw_request: Request, first: RequestOutput, stream: AsyncIterator[RequestOutput], n: int
+) -> tuple[list[Choice], RequestOutput]:
+    """Run a started request to its end: ``(its n choices, the last output)``."""
+
+    async def rest() -> tuple[list[Choice], RequestOutput]:
+        choices = [Choice(index) for index in range(n)]
         output = first
-        texts, token_ids = [first.outputs[0].text], list(first.outputs[0].token_ids)
-        while not output.finished:
+        while True:
+            for delta in output.outputs:
+                choices[delta.index].add(delta)
+            if output.finished:
+                return choices, output
             output = await anext(stream)
-            texts.append(output.outputs[0].text)
-            token_ids += output.outputs[0].token_ids
-        return "".join(texts), token_ids, output
 
     try:
         return await run_until_disconnected(raw_request, rest())

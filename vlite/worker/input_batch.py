@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -17,6 +17,10 @@ class CachedRequestState:
 
     ``token_ids`` are all known tokens (prompt and sampled); the worker appends the
     tokens it samples itself, so the scheduler only sends counters and new blocks.
+    ``min_tokens_stop_ids`` are the token ids masked out while fewer than
+    ``sampling_params.min_tokens`` output tokens exist (EOS and ``stop_token_ids``).
+    ``has_sampling_extras``: the request uses min-p, a penalty, logprobs or min_tokens,
+    so a step whose rows all lack it skips building their inputs with one check.
     """
 
     request_id: str
@@ -24,7 +28,14 @@ class CachedRequestState:
     sampling_params: SamplingParams
     block_ids: list[int]
     num_computed_tokens: int
+    num_prompt_tokens: int
     generator: torch.Generator | None = None
+    min_tokens_stop_ids: list[int] = field(default_factory=list)
+    has_sampling_extras: bool = False
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
 
 
 @dataclass

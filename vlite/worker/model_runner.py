@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from vlite.core.outputs import ModelRunnerOutput, SchedulerOutput
-from vlite.core.sampler import Sampler, SamplingMetadata
+from vlite.core.outputs import ModelRunnerOutput, NewRequestData, SchedulerOutput
+from vlite.core.sampler import Sampler
 from vlite.worker.input_batch import CachedRequestState, ModelInputs, prepare_inputs
+from vlite.worker.logprobs import LogprobsRequest
+from vlite.worker.sampling_inputs import build_sampling_metadata, min_tokens_mask
+
+__all__ = ["ModelRunner", "build_sampling_metadata"]
 
 
 class ModelRunner:
@@ -42,15 +46,7 @@ class ModelRunner:
         for request_id in scheduler_output.finished_request_ids:
             self.requests.pop(request_id, None)
         for new in scheduler_output.new_requests:
-            params = new.sampling_params
-            self.requests[new.request_id] = CachedRequestState(
-                request_id=new.request_id,
-                token_ids=list(new.token_ids),
-                sampling_params=params,
-                block_ids=list(new.block_ids),
-                num_computed_tokens=new.num_computed_tokens,
-                generator=_make_generator(params.seed, self.device),
-            )
+            self.requests[new.request_id] = self._new_request_state(new)
         for cached in scheduler_output.cached_requests:
             state = self.requests[cached.request_id]
             if cached.is_resumed:
@@ -58,6 +54,27 @@ class ModelRunner:
             else:
                 state.block_ids += cached.new_block_ids
             state.num_computed_tokens = cached.num_computed_tokens
+
+    def _new_request_state(self, new: NewRequestData) -> CachedRequestState:
+        params = new.sampling_params
+        stop_ids = []
+        if params.min_tokens:
+            stop_ids = list(params.stop_token_ids)
+            if new.eos_token_id is not None and not params.ignore_eos:
+                stop_ids.append(new.eos_token_id)
+        return CachedRequestState(
+            request_id=new.request_id,
+            token_ids=list(new.token_ids),
+            sampling_params=params,
+            block_ids=list(new.block_ids),
+            num_computed_tokens=new.num_computed_tokens,
+            num_prompt_tokens=new.num_prompt_tokens,
+            generator=_make_generator(params.seed, self.device),
+            min_tokens_stop_ids=stop_ids,
+            has_sampling_extras=bool(
+                params.min_p > 0 or params.has_penalties or params.logprobs is not None or stop_ids
+            ),
+        )
 
     # ---- the step ------------------------------------------------------------------
 
@@ -90,13 +107,32 @@ class ModelRunner:
         if not request_ids:
             return ModelRunnerOutput(sampled_token_ids={})
         states = [self.requests[request_id] for request_id in request_ids]
-        metadata = build_sampling_metadata(states, self.device)
-        token_ids = self.sampler.sample(logits, metadata).tolist()
+        vocab_size = logits.shape[-1]
+        # One check keeps a batch that uses no min-p, penalty, logprobs or min_tokens cheap.
+        has_extras = any(state.has_sampling_extras for state in states)
+        metadata = build_sampling_metadata(states, self.device, vocab_size, has_extras)
+        logprobs_request = mask = None
+        if has_extras:
+            # Raw logprobs: before the stop-token mask and whatever the sampler does.
+            logprobs_request = LogprobsRequest.capture(
+                logits, [state.sampling_params.logprobs for state in states]
+            )
+            mask = min_tokens_mask(states, self.device, vocab_size)
+        if mask is not None:
+            logits[mask] = float("-inf")
+        sampled = self.sampler.sample(logits, metadata)
+        token_ids = sampled.tolist()
         for state, token_id in zip(states, token_ids):
             state.token_ids.append(token_id)
-        return ModelRunnerOutput(
+        output = ModelRunnerOutput(
             sampled_token_ids={rid: [tid] for rid, tid in zip(request_ids, token_ids)}
         )
+        if logprobs_request is not None:
+            entries = logprobs_request.gather(sampled)
+            output.logprobs = {
+                request_ids[row]: [entry] for row, entry in zip(logprobs_request.rows, entries)
+            }
+        return output
 
 
 def _make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
@@ -105,26 +141,3 @@ def _make_generator(seed: int | None, device: torch.device) -> torch.Generator |
     generator = torch.Generator(device=device)
     generator.manual_seed(seed)
     return generator
-
-
-def build_sampling_metadata(
-    states: list[CachedRequestState], device: torch.device
-) -> SamplingMetadata:
-    """Tensors of the sampled rows' settings, in row order."""
-    params = [state.sampling_params for state in states]
-    temperature = [0.0 if p.is_greedy else float(p.temperature) for p in params]
-    top_k = [p.top_k for p in params]
-    top_p = [float(p.top_p) for p in params]
-    return SamplingMetadata(
-        temperature=torch.tensor(temperature, dtype=torch.float32, device=device),
-        top_k=torch.tensor(top_k, dtype=torch.int64, device=device),
-        top_p=torch.tensor(top_p, dtype=torch.float32, device=device),
-        generators={
-            row: state.generator
-            for row, state in enumerate(states)
-            if state.generator is not None and not state.sampling_params.is_greedy
-        },
-        is_all_greedy=all(t == 0.0 for t in temperature),
-        has_top_k=any(k > 0 for k in top_k),
-        has_top_p=any(p < 1.0 for p in top_p),
-    )

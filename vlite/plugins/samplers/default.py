@@ -1,4 +1,5 @@
-"""``default``: greedy, temperature, top-k, top-p and per-request seeds, vectorized."""
+"""``default``: penalties, greedy, temperature, min-p, top-k, top-p and per-request seeds,
+vectorized over the batch."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import torch
 
 from vlite.core.hookspecs import hookimpl
 from vlite.core.sampler import SamplingMetadata
+from vlite.plugins.samplers.penalties import apply_penalties
 
 
 class DefaultSampler:
@@ -14,20 +16,29 @@ class DefaultSampler:
     Random rows are drawn with the exponential race: ``argmax(p / E)`` with
     ``E ~ Exp(1)`` picks token ``i`` with probability ``p_i``, and lets a seeded row draw
     its noise from its own generator while the rest share one draw.
+
+    The order is vLLM's: penalties on the raw logits (greedy rows too), then temperature,
+    then min-p, top-k and top-p. A feature no row of the batch uses costs nothing.
     """
 
     # Capability flags (see vlite.core.sampler.Sampler).
     is_deterministic = True
     supports_top_k = True
     supports_top_p = True
+    supports_min_p = True
+    supports_penalties = True
 
     def sample(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+        if metadata.penalties is not None:
+            logits = apply_penalties(logits, metadata.penalties)
         greedy_tokens = logits.argmax(dim=-1)
         if metadata.is_all_greedy:
             return greedy_tokens
         is_greedy = metadata.temperature == 0
         temperature = torch.where(is_greedy, 1.0, metadata.temperature)
         logits = logits / temperature.unsqueeze(1)
+        if metadata.min_p is not None:
+            logits = apply_min_p(logits, metadata.min_p)
         if metadata.has_top_k:
             logits = apply_top_k(logits, metadata.top_k)
         if metadata.has_top_p:
@@ -35,6 +46,20 @@ class DefaultSampler:
         probs = logits.softmax(dim=-1)
         random_tokens = (probs / exponential_noise(probs, metadata.generators)).argmax(dim=-1)
         return torch.where(is_greedy, greedy_tokens, random_tokens)
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Mask tokens less likely than ``min_p`` times each row's most likely token.
+
+    Compared in log space (``logit - max_logit < log(min_p)``), which needs no softmax;
+    ``min_p == 0`` gives ``-inf`` and keeps every token.
+
+    Args:
+        logits: ``[n, vocab]`` (temperature already applied).
+        min_p: ``[n]`` float32 in [0, 1].
+    """
+    max_logits = logits.amax(dim=-1, keepdim=True)
+    return logits.masked_fill(logits - max_logits < min_p.log().unsqueeze(1), float("-inf"))
 
 
 def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,9 @@ class MultinomialSampler:
     its own generator, so its token does not depend on the rest of the batch.
     """
 
-    # Capability flags, read by vlite's conformance suite.
+    # Capability flags, read by vlite's conformance suite and engine. Not claimed (absent
+    # means False): supports_min_p, supports_penalties, so the engine rejects requests
+    # that use them and the suite skips their tests.
     is_deterministic = True
     supports_top_k = True
     supports_top_p = True

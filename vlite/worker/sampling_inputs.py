@@ -1,0 +1,116 @@
+"""The per-step sampling inputs of the model runner: SamplingMetadata and min-tokens masks.
+
+Built once per step from the sampled rows' request states. A feature no row of the batch
+uses adds nothing but a flag check: its tensors are not built at all.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from vlite.core.sampler import SamplingMetadata, SamplingPenalties
+from vlite.worker.input_batch import CachedRequestState
+
+
+def build_sampling_metadata(
+    states: list[CachedRequestState],
+    device: torch.device,
+    vocab_size: int,
+    has_extras: bool = True,
+) -> SamplingMetadata:
+    """Tensors of the sampled rows' settings, in row order.
+
+    Args:
+        states: the request of each sampled row.
+        device: where the tensors go.
+        vocab_size: width of the logits (the padding id of token histories).
+        has_extras: whether any row has ``has_sampling_extras``; ``False`` skips looking
+            for min-p and penalties.
+    """
+    params = [state.sampling_params for state in states]
+    temperature = [0.0 if p.is_greedy else float(p.temperature) for p in params]
+    top_k = [p.top_k for p in params]
+    top_p = [float(p.top_p) for p in params]
+    is_all_greedy = all(t == 0.0 for t in temperature)
+    min_p = penalties = None
+    if has_extras and not is_all_greedy and any(p.min_p > 0 for p in params):
+        min_p = torch.tensor([float(p.min_p) for p in params], dtype=torch.float32, device=device)
+    if has_extras and any(p.has_penalties for p in params):
+        penalties = build_penalties(states, device, vocab_size)
+    return SamplingMetadata(
+        temperature=torch.tensor(temperature, dtype=torch.float32, device=device),
+        top_k=torch.tensor(top_k, dtype=torch.int64, device=device),
+        top_p=torch.tensor(top_p, dtype=torch.float32, device=device),
+        generators={
+            row: state.generator
+            for row, state in enumerate(states)
+            if state.generator is not None and not state.sampling_params.is_greedy
+        },
+        is_all_greedy=is_all_greedy,
+        has_top_k=any(k > 0 for k in top_k),
+        has_top_p=any(p < 1.0 for p in top_p),
+        min_p=min_p,
+        penalties=penalties,
+    )
+
+
+def build_penalties(
+    states: list[CachedRequestState], device: torch.device, vocab_size: int
+) -> SamplingPenalties:
+    """The rows' penalties and padded token histories (empty for rows without penalties)."""
+    params = [state.sampling_params for state in states]
+    prompts, outputs = [], []
+    for state, p in zip(states, params):
+        if p.has_penalties:
+            prompts.append(state.token_ids[: state.num_prompt_tokens])
+            outputs.append(state.token_ids[state.num_prompt_tokens :])
+        else:
+            prompts.append([])
+            outputs.append([])
+
+    def values(name: str) -> torch.Tensor:
+        row_values = [float(getattr(p, name)) for p in params]
+        return torch.tensor(row_values, dtype=torch.float32, device=device)
+
+    return SamplingPenalties(
+        presence_penalty=values("presence_penalty"),
+        frequency_penalty=values("frequency_penalty"),
+        repetition_penalty=values("repetition_penalty"),
+        prompt_token_ids=_padded_tensor(prompts, vocab_size, device),
+        output_token_ids=_padded_tensor(outputs, vocab_size, device),
+    )
+
+
+def _padded_tensor(rows: list[list[int]], pad_id: int, device: torch.device) -> torch.Tensor:
+    """``[len(rows), longest]`` int64, each row padded with ``pad_id``."""
+    longest = max((len(row) for row in rows), default=0)
+    array = np.full((len(rows), longest), pad_id, dtype=np.int64)
+    for index, row in enumerate(rows):
+        array[index, : len(row)] = row
+    return torch.from_numpy(array).to(device=device, non_blocking=True)
+
+
+def min_tokens_mask(
+    states: list[CachedRequestState], device: torch.device, vocab_size: int
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(rows, token_ids)``, both ``[m]`` int64: the stop tokens each row may not sample yet.
+
+    A row's EOS and ``stop_token_ids`` are masked while it has fewer than ``min_tokens``
+    output tokens (vLLM's rule); ids outside the vocabulary (a stop token the model cannot
+    produce) are skipped. ``None`` when no row masks anything.
+    """
+    rows: list[int] = []
+    token_ids: list[int] = []
+    for row, state in enumerate(states):
+        stop_ids = state.min_tokens_stop_ids
+        if stop_ids and state.num_output_tokens < state.sampling_params.min_tokens:
+            in_vocab = [token_id for token_id in stop_ids if token_id < vocab_size]
+            rows += [row] * len(in_vocab)
+            token_ids += in_vocab
+    if not rows:
+        return None
+    return (
+        torch.tensor(rows, dtype=torch.int64, device=device),
+        torch.tensor(token_ids, dtype=torch.int64, device=device),
+    )
