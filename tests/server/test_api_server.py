@@ -423,3 +423,44 @@ def test_streamed_chat_with_n_names_each_choice(client):
     for choice in full["choices"]:
         assert content[choice["index"]] == choice["message"]["content"]
         assert tokens[choice["index"]] == [t["token"] for t in choice["logprobs"]["content"]]
+
+
+def scrape(client) -> dict[str, float]:
+    """``/metrics`` samples by name (every sample carries this server's model label)."""
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    samples = {}
+    for line in response.text.splitlines():
+        if not line.startswith("#"):
+            name_and_labels, value = line.rsplit(" ", 1)
+            name, labels = name_and_labels.split("{", 1)
+            assert labels == f'model_name="{MODEL_NAME}"}}'
+            samples[name] = float(value)
+    return samples
+
+
+def test_metrics_count_the_work_of_each_request(client, tokenizer):
+    prompt = "Colours: red, green, blue, yellow, black, white. " * 3
+    before = scrape(client)
+
+    body = greedy(prompt=prompt, max_tokens=6)
+    assert client.post("/v1/completions", json=body).status_code == 200
+    after_first = scrape(client)
+    assert client.post("/v1/completions", json=body).status_code == 200
+    after_second = scrape(client)
+
+    def grew(name: str, start: dict, end: dict) -> float:
+        return end[name] - start[name]
+
+    num_prompt = len(tokenizer.encode(prompt))
+    # The first token comes from the prefill step, the other five from decode steps.
+    assert grew("vlite:generation_tokens_total", before, after_first) == 5
+    assert grew("vlite:prompt_tokens_total", before, after_first) == num_prompt
+    assert grew("vlite:engine_steps_total", before, after_first) == 6
+    assert grew("vlite:prefix_cache_queries_total", before, after_first) == num_prompt
+    # The repeat finds the prompt's full blocks in the prefix cache.
+    assert grew("vlite:prefix_cache_hits_total", after_first, after_second) > 0
+    assert after_second["vlite:num_requests_running"] == 0
+    assert after_second["vlite:num_requests_waiting"] == 0
+    assert 0 <= after_second["vlite:kv_cache_usage_perc"] <= 1
