@@ -31,7 +31,8 @@ class TestBuiltinSchedulers(SchedulerConformance):
     load_entry_points = False
 
     @pytest.fixture(scope="class", params=builtin_names("scheduler"))
-    def conformance_plugin_name(self, request) -> str:
+    @classmethod
+    def conformance_plugin_name(cls, request) -> str:
         return request.param
 
 
@@ -39,7 +40,8 @@ class TestBuiltinAttentionBackends(AttentionBackendConformance):
     load_entry_points = False
 
     @pytest.fixture(scope="class", params=builtin_names("attention_backend"))
-    def conformance_plugin_name(self, request) -> str:
+    @classmethod
+    def conformance_plugin_name(cls, request) -> str:
         return request.param
 
 
@@ -47,7 +49,8 @@ class TestBuiltinSamplers(SamplerConformance):
     load_entry_points = False
 
     @pytest.fixture(scope="class", params=builtin_names("sampler"))
-    def conformance_plugin_name(self, request) -> str:
+    @classmethod
+    def conformance_plugin_name(cls, request) -> str:
         return request.param
 
 
@@ -55,7 +58,8 @@ class TestBuiltinExecutors(ExecutorConformance):
     load_entry_points = False
 
     @pytest.fixture(scope="class", params=builtin_names("executor"))
-    def conformance_plugin_name(self, request) -> str:
+    @classmethod
+    def conformance_plugin_name(cls, request) -> str:
         return request.param
 
 

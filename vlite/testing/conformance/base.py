@@ -45,33 +45,38 @@ class PluginConformance:
 
     # ---- finding the plugin ----------------------------------------------------------
 
-    def build_plugin_manager(self, *more_plugins: Any) -> VlitePluginManager:
+    @classmethod
+    def build_plugin_manager(cls, *more_plugins: Any) -> VlitePluginManager:
         """A fresh plugin manager: built-ins, installed plugins, :attr:`extra_plugins`."""
         return build_plugin_manager(
-            extra_plugins=(*self.extra_plugins, *more_plugins),
-            load_entry_points=self.load_entry_points,
+            extra_plugins=(*cls.extra_plugins, *more_plugins),
+            load_entry_points=cls.load_entry_points,
         )
 
     @pytest.fixture(scope="class")
-    def conformance_plugin_name(self) -> str:
+    @classmethod
+    def conformance_plugin_name(cls) -> str:
         """The name under test; override with a parametrized fixture to test several."""
-        if not self.plugin_name:
+        if not cls.plugin_name:
             raise pytest.UsageError(
-                f"{type(self).__name__} must set plugin_name to the registry name of the "
-                f"{self.plugin_kind} under test"
+                f"{cls.__name__} must set plugin_name to the registry name of the "
+                f"{cls.plugin_kind} under test"
             )
-        return self.plugin_name
+        return cls.plugin_name
 
     @pytest.fixture(scope="class")
-    def plugin_registry(self) -> PluginRegistry:
-        return PluginRegistry(self.build_plugin_manager())
+    @classmethod
+    def plugin_registry(cls) -> PluginRegistry:
+        return PluginRegistry(cls.build_plugin_manager())
 
     @pytest.fixture(scope="class")
-    def plugin_entry(self, plugin_registry: PluginRegistry, conformance_plugin_name) -> PluginEntry:
-        return plugin_registry.entry(self.plugin_kind, conformance_plugin_name)
+    @classmethod
+    def plugin_entry(cls, plugin_registry: PluginRegistry, conformance_plugin_name) -> PluginEntry:
+        return plugin_registry.entry(cls.plugin_kind, conformance_plugin_name)
 
     @pytest.fixture(scope="class")
-    def plugin_cls(self, plugin_entry: PluginEntry) -> Any:
+    @classmethod
+    def plugin_cls(cls, plugin_entry: PluginEntry) -> Any:
         return plugin_entry.obj
 
     # ---- capability flags ------------------------------------------------------------

@@ -88,16 +88,19 @@ class ExecutorConformance(PluginConformance):
     # ---- helpers -----------------------------------------------------------------------
 
     @pytest.fixture(scope="class")
-    def executor_model(self) -> str:
+    @classmethod
+    def executor_model(cls) -> str:
         return str(cached_tiny_model("LlamaForCausalLM"))
 
     @pytest.fixture(scope="class")
-    def executor_prompts(self) -> list:
+    @classmethod
+    def executor_prompts(cls) -> list:
         return mixed_prompts(
             num_prompts=8, max_prompt_len=30, shared_prefix_len=8, seeded_sampling=True
         )
 
-    def make_llm(self, model: str, registry: Any, executor: str, **overrides: Any) -> Any:
+    @classmethod
+    def make_llm(cls, model: str, registry: Any, executor: str, **overrides: Any) -> Any:
         """An ``LLM`` with small blocks and cache (batching, prefix hits, preemption)."""
         from vlite.engine.llm import LLM
 
@@ -105,7 +108,7 @@ class ExecutorConformance(PluginConformance):
         settings.update(overrides)
         return call_with_timeout(
             lambda: LLM(model=model, registry=registry, executor=executor, **settings),
-            self.hang_timeout_s,
+            cls.hang_timeout_s,
             f"constructing an LLM with executor {executor!r}",
         )
 
@@ -118,8 +121,9 @@ class ExecutorConformance(PluginConformance):
         call_with_timeout(llm.llm_engine.shutdown, self.hang_timeout_s, "shutdown()")
 
     @pytest.fixture(scope="class")
-    def reference_tokens(self, plugin_registry, executor_model, executor_prompts) -> list:
-        llm = self.make_llm(executor_model, plugin_registry, self.reference_executor)
+    @classmethod
+    def reference_tokens(cls, plugin_registry, executor_model, executor_prompts) -> list:
+        llm = cls.make_llm(executor_model, plugin_registry, cls.reference_executor)
         tokens = generate_tokens(llm, executor_prompts)
         llm.llm_engine.shutdown()
         return tokens
@@ -225,10 +229,11 @@ class ExecutorConformance(PluginConformance):
     # ---- crashed workers ---------------------------------------------------------------
 
     @pytest.fixture(scope="class")
-    def fault_registry(self) -> Any:
+    @classmethod
+    def fault_registry(cls) -> Any:
         from vlite.core.plugins import PluginRegistry
 
-        return PluginRegistry(self.build_plugin_manager(faults))
+        return PluginRegistry(cls.build_plugin_manager(faults))
 
     def faulty_model(self, tmp_path: Path, executor_model: str, mode: str) -> str:
         folder = faults.make_faulty_model(

@@ -222,14 +222,17 @@ class SchedulerConformance(PluginConformance):
     # ---- end to end --------------------------------------------------------------------
 
     @pytest.fixture(scope="class")
-    def scheduler_model(self) -> str:
+    @classmethod
+    def scheduler_model(cls) -> str:
         return str(cached_tiny_model("LlamaForCausalLM"))
 
     @pytest.fixture(scope="class")
-    def scheduler_prompts(self) -> list:
+    @classmethod
+    def scheduler_prompts(cls) -> list:
         return mixed_prompts(num_prompts=10, max_prompt_len=40, shared_prefix_len=12)
 
-    def engine_settings(self, **overrides: Any) -> dict[str, Any]:
+    @classmethod
+    def engine_settings(cls, **overrides: Any) -> dict[str, Any]:
         """Small blocks and cache so runs batch, hit the prefix cache and preempt."""
         settings = dict(
             block_size=BLOCK_SIZE,
@@ -243,14 +246,15 @@ class SchedulerConformance(PluginConformance):
         return settings
 
     @pytest.fixture(scope="class")
-    def reference_tokens(self, plugin_registry, scheduler_model, scheduler_prompts) -> list:
+    @classmethod
+    def reference_tokens(cls, plugin_registry, scheduler_model, scheduler_prompts) -> list:
         from vlite.engine.llm import LLM
 
         llm = LLM(
             model=scheduler_model,
             registry=plugin_registry,
-            scheduler=self.reference_scheduler,
-            **self.engine_settings(),
+            scheduler=cls.reference_scheduler,
+            **cls.engine_settings(),
         )
         return generate_tokens(llm, scheduler_prompts)
 
