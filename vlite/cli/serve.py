@@ -28,8 +28,12 @@ def serve_command(host, port, served_model_name, log_level, config_file, **optio
     """Serve the model over an OpenAI-compatible HTTP API.
 
     Endpoints: GET /health, GET /v1/models, POST /v1/completions and
-    POST /v1/chat/completions ("stream": true streams server-sent events). The engine
-    core runs in its own process; Ctrl-C stops both.
+    POST /v1/chat/completions ("stream": true streams server-sent events), GET /metrics
+    (Prometheus). The engine core runs in its own process; Ctrl-C stops both.
+
+    Unless a scheduler is chosen (flag, VLITE_SCHEDULER or config file), the server
+    chunks long prompts: --scheduler chunked-prefill with --max-num-batched-tokens 256 on
+    CPU, 2048 on CUDA, so a new prompt does not stall the streams already running.
 
     \b
     Examples:
@@ -39,10 +43,13 @@ def serve_command(host, port, served_model_name, log_level, config_file, **optio
       curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
         -d '{"messages": [{"role": "user", "content": "Hi"}], "stream": true}'
     """
-    config = build_config(config_file, pop_engine_overrides(options))
+    overrides = pop_engine_overrides(options)
+    config = build_config(config_file, overrides)
 
     from vlite.engine.exceptions import EngineStartupError
-    from vlite.server.api_server import ApiServer, bind_socket
+    from vlite.server.api_server import ApiServer, bind_socket, with_serving_defaults
+
+    config = with_serving_defaults(config, config_file, overrides)
 
     try:
         sock = bind_socket(host, port)
@@ -69,6 +76,9 @@ def serve_command(host, port, served_model_name, log_level, config_file, **optio
 def _announce(server) -> None:
     info = server.engine.engine_info
     click.echo(f"attention backend: {info.attention_backend_name}", err=True)
+    config = server.config
+    budget = config.resolved_max_num_batched_tokens(info.max_model_len)
+    click.echo(f"scheduler: {config.scheduler}, {budget} tokens per step", err=True)
     click.echo(
         f"engine core: pid {info.pid}, {info.num_kv_blocks} KV-cache blocks of "
         f"{info.block_size} tokens, max_model_len {info.max_model_len}",

@@ -18,7 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from vlite import __version__
-from vlite.core.config import VliteConfig
+from vlite.core.config import VliteConfig, describe_sources
 from vlite.engine.async_llm import AsyncLLM
 from vlite.server.errors import OpenAIError, install_error_handlers
 from vlite.server.metrics import CONTENT_TYPE as METRICS_TYPE
@@ -37,6 +37,30 @@ GRACEFUL_SHUTDOWN_S = 5
 
 def served_model_name_for(config: VliteConfig, served_model_name: str | None = None) -> str:
     return served_model_name or config.model or DEFAULT_SERVED_MODEL_NAME
+
+
+#: ``max_num_batched_tokens`` for serving when nobody set it: small enough on CPU that a
+#: prompt chunk does not stall the running requests' next tokens for long.
+SERVING_TOKEN_BUDGET = {"cpu": 256, "cuda": 2048}
+
+
+def with_serving_defaults(
+    config: VliteConfig, config_file: str | None = None, overrides: dict | None = None
+) -> VliteConfig:
+    """``config`` with the server's scheduling defaults where nobody chose otherwise.
+
+    Online, a long prompt must not hold up every running stream, so (as vLLM's server)
+    ``vlite serve`` chunks prefills: the ``chunked-prefill`` scheduler with a per-device
+    token budget. Both apply only while the scheduler is the built-in default (a config
+    file, ``VLITE_*`` variable or flag wins); the budget only while it is unset too.
+    """
+    origins = describe_sources(config_file, overrides or {})
+    if origins["scheduler"] != "default":
+        return config
+    update: dict = {"scheduler": "chunked-prefill"}
+    if origins["max_num_batched_tokens"] == "default":
+        update["max_num_batched_tokens"] = SERVING_TOKEN_BUDGET[config.torch_device.type]
+    return VliteConfig(**{**config.model_dump(), **update})
 
 
 def build_app(engine: AsyncLLM, served_model_name: str) -> FastAPI:
