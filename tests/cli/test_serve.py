@@ -66,7 +66,7 @@ def test_serve_as_a_subprocess_answers_and_stops_cleanly(tmp_path):
     try:
         assert _wait_for_line(lines, r"attention backend: (\w+)", seen).group(1) == "torch"
         scheduling = _wait_for_line(lines, r"scheduler: ([\w-]+), (\d+) tokens per step", seen)
-        assert scheduling.groups() == ("chunked-prefill", "256")  # the serving default on CPU
+        assert scheduling.groups() == ("chunked-prefill", "128")  # the serving default on CPU
         core_pid = int(_wait_for_line(lines, r"engine core: pid (\d+)", seen).group(1))
         address = _wait_for_line(lines, r"at (http://127\.0\.0\.1:\d+)", seen).group(1)
 

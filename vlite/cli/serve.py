@@ -32,7 +32,7 @@ def serve_command(host, port, served_model_name, log_level, config_file, **optio
     (Prometheus). The engine core runs in its own process; Ctrl-C stops both.
 
     Unless a scheduler is chosen (flag, VLITE_SCHEDULER or config file), the server
-    chunks long prompts: --scheduler chunked-prefill with --max-num-batched-tokens 256 on
+    chunks long prompts: --scheduler chunked-prefill with --max-num-batched-tokens 128 on
     CPU, 2048 on CUDA, so a new prompt does not stall the streams already running.
 
     \b

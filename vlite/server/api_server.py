@@ -41,7 +41,7 @@ def served_model_name_for(config: VliteConfig, served_model_name: str | None = N
 
 #: ``max_num_batched_tokens`` for serving when nobody set it: small enough on CPU that a
 #: prompt chunk does not stall the running requests' next tokens for long.
-SERVING_TOKEN_BUDGET = {"cpu": 256, "cuda": 2048}
+SERVING_TOKEN_BUDGET = {"cpu": 128, "cuda": 2048}
 
 
 def with_serving_defaults(
