@@ -27,6 +27,14 @@ ENGINE_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
         "dtype",
         {"type": click.Choice(["auto", "float32", "bfloat16", "float16"]), "help": "Model dtype."},
     ),
+    (
+        "--quantization",
+        "quantization",
+        {
+            "type": click.Choice(["auto", "none"]),
+            "help": "'auto': keep GGUF Q4_0/Q4_1/Q8_0 weights quantized (CPU); 'none': dequantize.",
+        },
+    ),
     ("--device", "device", {"type": click.Choice(["auto", "cpu", "cuda"])}),
     ("--max-model-len", "max_model_len", {"type": int, "help": "Longest context in tokens."}),
     ("--seed", "seed", {"type": int, "help": "Seed of the engine's random generator."}),

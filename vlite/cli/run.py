@@ -95,7 +95,9 @@ def run_command(prompts, input_file, chat, as_json, trace_file, config_file, **o
     from vlite.engine.llm import LLM
 
     llm = _construct(LLM, config)
-    click.echo(f"attention backend: {llm.llm_engine.engine_core.attention_backend_name}", err=True)
+    core = llm.llm_engine.engine_core
+    click.echo(f"attention backend: {core.attention_backend_name}", err=True)
+    click.echo(f"quantization: {core.quantization.describe(config.torch_dtype)}", err=True)
     inputs = [_to_engine_prompt(llm, spec.prompt, chat) for spec in specs]
     if trace_file is not None:
         from vlite.core.stats import TraceWriter

@@ -76,6 +76,7 @@ def serve_command(host, port, served_model_name, log_level, config_file, **optio
 def _announce(server) -> None:
     info = server.engine.engine_info
     click.echo(f"attention backend: {info.attention_backend_name}", err=True)
+    click.echo(f"quantization: {info.quantization}", err=True)
     config = server.config
     budget = config.resolved_max_num_batched_tokens(info.max_model_len)
     click.echo(f"scheduler: {config.scheduler}, {budget} tokens per step", err=True)

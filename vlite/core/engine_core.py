@@ -39,6 +39,10 @@ class EngineCore:
             head_dim=self.model_spec.head_dim,
             block_size=config.block_size,
         )
+        #: Which weights stay quantized (``config.quantization`` for this model and device).
+        self.quantization = self.model_spec.quantization_plan(
+            config.quantization, config.torch_device
+        )
         self.executor: Executor = executor_cls(config, self.registry)
         num_blocks = self.executor.initialize_kv_cache()
         self.kv_cache_manager = KVCacheManager(

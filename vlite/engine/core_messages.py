@@ -51,6 +51,8 @@ class EngineCoreInfo(msgspec.Struct, array_like=True):
     block_size: int
     max_model_len: int
     pid: int
+    #: :meth:`QuantizationPlan.describe` of the weights the core runs with.
+    quantization: str = ""
 
 
 class EngineCoreStats(msgspec.Struct, array_like=True):

@@ -106,6 +106,7 @@ class EngineCoreProc:
             block_size=core.kv_cache_manager.block_size,
             max_model_len=core.scheduler.limits.max_model_len,
             pid=os.getpid(),
+            quantization=core.quantization.describe(core.config.torch_dtype),
         )
 
     def watch_parent(self) -> None:

@@ -6,8 +6,9 @@ turns it into what the rest of vlite expects from a Hugging Face folder:
 
 - :func:`gguf_hf_config`: a ``transformers`` config (``LlamaConfig``, ``Qwen2Config`` or
   ``Qwen3Config``) rebuilt from the metadata;
-- :func:`iter_gguf_weights`: ``(Hugging Face name, float32 tensor)`` pairs, dequantized one
-  tensor at a time, shaped as in a safetensors checkpoint;
+- :func:`iter_gguf_weights`: ``(Hugging Face name, tensor)`` pairs shaped as in a
+  safetensors checkpoint: float32, dequantized one tensor at a time, or, for the block types
+  the caller asks to keep, :class:`~vlite.models.quantization.BlockQuantizedTensor`;
 - :func:`load_gguf_tokenizer`: the ``transformers`` tokenizer stored in the file.
 
 Two traps of the format, handled here:
@@ -35,6 +36,8 @@ from typing import Any
 import gguf
 import numpy as np
 import torch
+
+from vlite.models.quantization import BlockQuantizedTensor
 
 #: GGUF ``general.architecture`` -> Hugging Face architecture (class) name.
 GGUF_ARCHITECTURES = {
@@ -275,12 +278,27 @@ def dequantize_tensor(tensor: gguf.ReaderTensor) -> torch.Tensor:
     return torch.from_numpy(values.reshape(_hf_shape(tensor)))
 
 
-def iter_gguf_weights(
-    path: str | Path, *, show_progress: bool = True
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield ``(Hugging Face name, float32 tensor)`` for every tensor in the GGUF file.
+def tensor_type_names(gguf_file: GGUFFile) -> list[str]:
+    """The GGUF type name (``"Q4_1"``, ``"F32"``, ...) of every tensor, in file order."""
+    return [tensor.tensor_type.name for tensor in gguf_file.tensors]
 
-    Tensors are dequantized one at a time, on the CPU, with a progress bar on stderr; Q/K
+
+def block_tensor(tensor: gguf.ReaderTensor) -> BlockQuantizedTensor:
+    """A 2-D block-quantized GGUF tensor as a copy of its bytes, one row per matrix row."""
+    rows, cols = _hf_shape(tensor)
+    raw = np.array(tensor.data, copy=True).view(np.uint8).reshape(rows, -1)
+    return BlockQuantizedTensor(tensor.tensor_type.name, torch.from_numpy(raw), cols)
+
+
+def iter_gguf_weights(
+    path: str | Path, *, keep_types: frozenset[str] = frozenset(), show_progress: bool = True
+) -> Iterator[tuple[str, torch.Tensor | BlockQuantizedTensor]]:
+    """Yield ``(Hugging Face name, tensor)`` for every tensor in the GGUF file.
+
+    Matrices whose GGUF type is in ``keep_types`` (see
+    :data:`vlite.models.quantization.KERNEL_TYPES`) come as
+    :class:`~vlite.models.quantization.BlockQuantizedTensor`; every other tensor is
+    dequantized to float32, one at a time, on the CPU. A progress bar goes to stderr; Q/K
     rows of ``llama`` files are restored to Hugging Face's order (see module docstring).
     """
     from tqdm.auto import tqdm
@@ -289,16 +307,23 @@ def iter_gguf_weights(
     config = gguf_hf_config(gguf_file)  # also rejects unsupported architectures
     heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
     is_permuted = gguf_file.architecture in _PERMUTED_QK_ARCHITECTURES
-    tensors = tqdm(
-        gguf_file.tensors, desc="Dequantizing GGUF", unit="tensor", disable=not show_progress
-    )
+    tensors = tqdm(gguf_file.tensors, desc="Loading GGUF", unit="tensor", disable=not show_progress)
     for tensor in tensors:
         name = hf_weight_name(tensor.name)
-        weight = dequantize_tensor(tensor)
+        keep = tensor.tensor_type.name in keep_types and len(tensor.shape) == 2
+        weight = block_tensor(tensor) if keep else dequantize_tensor(tensor)
         projection = name.rsplit(".", 2)[-2]
         if is_permuted and projection in heads:
-            weight = unpermute_qk(weight, heads[projection])
+            weight = _unpermute(weight, heads[projection])
         yield name, weight
+
+
+def _unpermute(weight, num_heads: int):
+    if isinstance(weight, BlockQuantizedTensor):  # whole rows move: the blocks follow
+        return BlockQuantizedTensor(
+            weight.qtype, unpermute_qk(weight.blocks, num_heads).contiguous(), weight.cols
+        )
+    return unpermute_qk(weight, num_heads)
 
 
 # ---- tokenizer --------------------------------------------------------------------------

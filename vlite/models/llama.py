@@ -45,8 +45,10 @@ from vlite.models.parallel_layers import (
     ColumnParallelLinear,
     RowParallelLinear,
     ShardedModule,
+    VocabEmbedding,
     VocabParallelLMHead,
 )
+from vlite.models.quantization import BlockQuantizedTensor
 from vlite.models.rope import RotaryEmbedding
 from vlite.models.spec import head_dim_of
 
@@ -212,7 +214,7 @@ class LlamaModel(nn.Module):
         tp_group: TensorParallelGroup = SINGLE_RANK,
     ):
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)  # replicated
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)  # replicated
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, attention, rotary, tp_group)
             for _ in range(config.num_hidden_layers)
@@ -234,6 +236,8 @@ class LlamaForCausalLM(nn.Module):
 
     #: Accepts a ``tp_group`` of any world size :func:`check_tensor_parallel_size` allows.
     supports_tensor_parallel = True
+    #: :meth:`load_weights` takes GGUF block-quantized matrices and keeps them quantized.
+    supports_block_quantized_weights = True
 
     def __init__(
         self,
@@ -289,13 +293,15 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """``[n, hidden_size]`` -> ``[n, vocab_size]`` float32 logits (full on every rank)."""
-        tied = self.model.embed_tokens.weight if self.tie_word_embeddings else None
+        tied = self.model.embed_tokens.table if self.tie_word_embeddings else None
         return self.lm_head(hidden_states, tied)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy Hugging Face-named tensors into the (partly fused, maybe sharded) parameters.
 
-        Every tensor is full-sized; a sharded layer keeps this rank's slice. Rotary buffers
+        Every tensor is full-sized; a sharded layer keeps this rank's slice. A
+        :class:`~vlite.models.quantization.BlockQuantizedTensor` stays quantized in the
+        linear layers and the embedding (dequantized anywhere else). Rotary buffers
         (``rotary_emb.inv_freq`` and the like) and, with tied embeddings,
         ``lm_head.weight`` are skipped. Raises ``ValueError`` for an unknown name, a shape
         mismatch, or any parameter (or fused shard) left unloaded.
@@ -323,6 +329,8 @@ class LlamaForCausalLM(nn.Module):
             if isinstance(module, ShardedModule):
                 module.load_full(leaf, tensor, shard)
             else:
+                if isinstance(tensor, BlockQuantizedTensor):
+                    tensor = tensor.dequantize()
                 params[name].data.copy_(tensor)
             pending.discard((name, shard))
         if pending:

@@ -16,6 +16,7 @@ from torch import nn
 from vlite.core.attention import AttentionBackend
 from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vlite.models.parallel_layers import ShardedModule
+from vlite.models.quantization import BlockQuantizedTensor
 
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -133,6 +134,8 @@ def build_model(
         weights: ``(Hugging Face name, tensor)`` pairs from any source, consumed lazily
             (e.g. ``ModelSpec.iter_weights()``, safetensors or GGUF); not touched for
             ``"dummy"``. Exactly one of ``folder`` and ``weights`` is needed otherwise.
+            Block-quantized GGUF matrices reach only a class that sets
+            ``supports_block_quantized_weights = True``; others get them dequantized.
         tp_group: the ranks the model is split over; at world size > 1 the class must set
             ``supports_tensor_parallel = True`` and is constructed with ``tp_group=``.
 
@@ -161,5 +164,20 @@ def build_model(
         if load_format == "dummy":
             init_dummy_weights(model)
         else:
-            model.load_weights(weights if weights is not None else iter_safetensors_weights(folder))
+            if weights is None:
+                weights = iter_safetensors_weights(folder)
+            if not getattr(model_cls, "supports_block_quantized_weights", False):
+                weights = dequantized(weights)
+            model.load_weights(weights)
     return model.eval()
+
+
+def dequantized(
+    weights: Iterable[tuple[str, Any]],
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``weights`` with every block-quantized GGUF matrix dequantized to float32, for model
+    classes that do not declare ``supports_block_quantized_weights = True``."""
+    for name, tensor in weights:
+        if isinstance(tensor, BlockQuantizedTensor):
+            tensor = tensor.dequantize()
+        yield name, tensor

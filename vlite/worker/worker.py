@@ -68,6 +68,7 @@ class Worker:
             head_dim,
             self.config.block_size,
         )
+        self.quantization = spec.quantization_plan(self.config.quantization, self.device)
         model = build_model(
             spec.hf_config,
             model_cls,
@@ -76,7 +77,7 @@ class Worker:
             dtype=self.dtype,
             device=self.device,
             load_format=self.config.load_format,
-            weights=spec.iter_weights(),
+            weights=spec.iter_weights(self.quantization.keep_types),
             tp_group=self.tp_group,
         )
         sampler = self.registry.get("sampler", self.config.sampler)()

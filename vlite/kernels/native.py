@@ -1,0 +1,187 @@
+"""Build-on-first-use CPU kernels: a C file compiled by the machine's C compiler.
+
+``gguf_blocks.c`` (next to this file) multiplies float32 activations by GGUF
+block-quantized weights (Q4_0, Q4_1, Q8_0) without dequantizing them to memory. It is
+compiled once per machine with ``cc -O3 -march=native -fopenmp`` (about a second) into
+``~/.cache/vlite/kernels/`` (``$VLITE_CACHE_DIR/kernels`` when set), keyed by the source,
+the flags and the CPU's feature flags, and loaded with :mod:`ctypes`. The library names
+``libgomp.so.1``, which PyTorch has already loaded, so its OpenMP threads are PyTorch's.
+
+No compiler, or a failed build, raises :class:`NativeKernelsUnavailable` with the reason;
+callers fall back to dequantized weights.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("gguf_blocks.c")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+
+#: Kernel id of each GGUF block type (the ``qtype`` argument of the C functions).
+BLOCK_TYPES = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2}
+#: Bytes per block of 32 values.
+BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+BLOCK_VALUES = 32
+
+
+class NativeKernelsUnavailable(RuntimeError):
+    """The C kernels cannot be built or loaded here (the message says why)."""
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("VLITE_CACHE_DIR")
+    if root:
+        return Path(root) / "kernels"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return Path(xdg or Path.home() / ".cache") / "vlite" / "kernels"
+
+
+def _cpu_flags() -> str:
+    """The CPU's feature flags: ``-march=native`` code is only valid where they match."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def _compiler() -> str:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise NativeKernelsUnavailable("no C compiler found (install gcc, or set CC)")
+    return compiler
+
+
+def build_library(source: Path = SOURCE) -> Path:
+    """Compile ``source`` into the cache (once per source, flags and CPU); return its path."""
+    compiler = _compiler()
+    key = hashlib.sha256(
+        source.read_bytes() + " ".join(FLAGS).encode() + _cpu_flags().encode()
+    ).hexdigest()[:16]
+    target = cache_dir() / f"{source.stem}-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Compile to a private name, then rename: concurrent builders never see half a file.
+    fd, partial = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    command = [compiler, *FLAGS, "-o", partial, str(source)]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        os.unlink(partial)
+        raise NativeKernelsUnavailable(f"compiling {source.name} failed: {error}") from error
+    if result.returncode != 0:
+        os.unlink(partial)
+        tail = result.stderr.strip().splitlines()[-3:]
+        raise NativeKernelsUnavailable(
+            f"compiling {source.name} with {' '.join(command[:-3])} failed: {' | '.join(tail)}"
+        )
+    os.replace(partial, target)
+    return target
+
+
+class GGUFBlockKernels:
+    """The loaded library: products, dequantization and row gathers over GGUF blocks.
+
+    Every ``blocks`` argument is a contiguous ``uint8`` tensor ``[N, K / 32 * block_bytes]``:
+    row ``n`` of a ``[N, K]`` matrix as the file stores it.
+    """
+
+    def __init__(self, path: Path) -> None:
+        lib = ctypes.CDLL(str(path))
+        ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        lib.vl_matmul.argtypes = [i32, ptr, i64, i64, ptr, i64, ptr, i32]
+        lib.vl_dequantize.argtypes = [i32, ptr, i64, i64, ptr, i32]
+        lib.vl_gather_rows.argtypes = [i32, ptr, i64, ptr, i64, ptr]
+        for function in (lib.vl_matmul, lib.vl_dequantize, lib.vl_gather_rows):
+            function.restype = None
+        self._lib = lib
+        self.path = path
+
+    def matmul(self, qtype: str, x: torch.Tensor, blocks: torch.Tensor, out_features: int):
+        """``x`` ``[M, K]`` float32 @ ``W^T`` -> ``[M, out_features]`` float32."""
+        x = x.contiguous()
+        num_rows, in_features = x.shape
+        out = torch.empty(num_rows, out_features, dtype=torch.float32)
+        self._lib.vl_matmul(
+            BLOCK_TYPES[qtype],
+            x.data_ptr(),
+            num_rows,
+            in_features,
+            blocks.data_ptr(),
+            out_features,
+            out.data_ptr(),
+            torch.get_num_threads(),
+        )
+        return out
+
+    def dequantize(self, qtype: str, blocks: torch.Tensor, in_features: int) -> torch.Tensor:
+        """The whole matrix ``[N, in_features]`` as float32."""
+        out = torch.empty(blocks.shape[0], in_features, dtype=torch.float32)
+        self._lib.vl_dequantize(
+            BLOCK_TYPES[qtype],
+            blocks.data_ptr(),
+            blocks.shape[0],
+            in_features,
+            out.data_ptr(),
+            torch.get_num_threads(),
+        )
+        return out
+
+    def gather_rows(
+        self, qtype: str, blocks: torch.Tensor, in_features: int, row_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """Rows ``row_ids`` ``[T]`` (int64) of the matrix as ``[T, in_features]`` float32."""
+        row_ids = row_ids.contiguous()
+        out = torch.empty(row_ids.numel(), in_features, dtype=torch.float32)
+        self._lib.vl_gather_rows(
+            BLOCK_TYPES[qtype],
+            blocks.data_ptr(),
+            in_features,
+            row_ids.data_ptr(),
+            row_ids.numel(),
+            out.data_ptr(),
+        )
+        return out
+
+
+@functools.lru_cache(maxsize=1)
+def _load() -> GGUFBlockKernels | NativeKernelsUnavailable:
+    if sys.platform == "win32":
+        return NativeKernelsUnavailable("the C kernels are built for Linux and macOS only")
+    try:
+        return GGUFBlockKernels(build_library())
+    except NativeKernelsUnavailable as error:
+        return error
+    except OSError as error:  # a library that does not load
+        return NativeKernelsUnavailable(f"loading the compiled kernels failed: {error}")
+
+
+def gguf_block_kernels() -> GGUFBlockKernels:
+    """The kernels, built on first use; raises :class:`NativeKernelsUnavailable`."""
+    loaded = _load()
+    if isinstance(loaded, NativeKernelsUnavailable):
+        raise loaded
+    return loaded
+
+
+def unavailable_reason() -> str | None:
+    """Why the kernels cannot run here, or ``None`` when they can."""
+    loaded = _load()
+    return str(loaded) if isinstance(loaded, NativeKernelsUnavailable) else None
