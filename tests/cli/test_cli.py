@@ -27,7 +27,7 @@ def test_run_prints_each_completion_and_a_summary(tiny_model):
     assert result.exit_code == 0, result.output
     assert "[0] Hello" in result.stdout
     assert "[1] The quick brown" in result.stdout
-    assert "attention backend: torch" in result.stderr  # what "auto" picked on CPU
+    assert "attention backend: cpu" in result.stderr  # what "auto" picked on CPU
     summary = result.stderr.strip().splitlines()[-1]
     assert summary.startswith("2 requests, ")
     assert "10 output tokens" in summary

@@ -70,7 +70,7 @@ async def assert_all_blocks_free(engine) -> None:
 
 def test_startup_reports_the_core(engine):
     info = engine.engine_info
-    assert info.attention_backend_name == "torch"
+    assert info.attention_backend_name == "cpu"
     assert (info.num_kv_blocks, info.block_size) == (NUM_KV_BLOCKS, BLOCK_SIZE)
     assert info.max_model_len == 512
     assert (

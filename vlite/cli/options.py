@@ -36,6 +36,11 @@ ENGINE_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
         },
     ),
     ("--device", "device", {"type": click.Choice(["auto", "cpu", "cuda"])}),
+    (
+        "--cpu-threads",
+        "cpu_threads",
+        {"type": int, "help": "CPU threads per worker (default: physical cores)."},
+    ),
     ("--max-model-len", "max_model_len", {"type": int, "help": "Longest context in tokens."}),
     ("--seed", "seed", {"type": int, "help": "Seed of the engine's random generator."}),
     ("--scheduler", "scheduler", {"help": "Scheduler plugin (see `vlite plugins list`)."}),

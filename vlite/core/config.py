@@ -56,6 +56,12 @@ class VliteConfig(BaseSettings):
         "(exact weight-only kernels); 'none': dequantize every weight to the dtype.",
     )
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    cpu_threads: int | None = Field(
+        None,
+        ge=1,
+        description="Intra-op CPU threads per worker; default: the physical cores (split "
+        "over tensor-parallel workers).",
+    )
     seed: int = Field(0, description="Seed of the engine's random generator.")
     max_model_len: int | None = Field(
         None, ge=1, description="Longest context; default: the model's max_position_embeddings."

@@ -31,6 +31,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "vlite.plugins.schedulers.priority",
     "vlite.plugins.schedulers.chunked_prefill",
     "vlite.plugins.attention.torch_ref",
+    "vlite.plugins.attention.cpu_native",
     "vlite.plugins.attention.triton_paged",
     "vlite.plugins.attention.flash",
     "vlite.plugins.attention.auto",

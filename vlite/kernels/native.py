@@ -1,8 +1,11 @@
-"""Build-on-first-use CPU kernels: a C file compiled by the machine's C compiler.
+"""Build-on-first-use CPU kernels: C files compiled by the machine's C compiler.
 
 ``gguf_blocks.c`` (next to this file) multiplies float32 activations by GGUF
-block-quantized weights (Q4_0, Q4_1, Q8_0) without dequantizing them to memory. It is
-compiled once per machine with ``cc -O3 -march=native -fopenmp`` (about a second) into
+block-quantized weights (Q4_0, Q4_1, Q8_0) without dequantizing them to memory;
+``fused_ops.c`` does a decoder layer's small elementwise steps (residual add + RMSNorm,
+rotary embedding) in one call each; ``paged_attention.c`` writes a step's keys/values
+into the paged cache and attends straight from its blocks. Each file is compiled once per
+machine with ``cc -O3 -march=native -fopenmp -ffp-contract=off`` (about a second) into
 ``~/.cache/vlite/kernels/`` (``$VLITE_CACHE_DIR/kernels`` when set), keyed by the source,
 the flags and the CPU's feature flags, and loaded with :mod:`ctypes`. The library names
 ``libgomp.so.1``, which PyTorch has already loaded, so its OpenMP threads are PyTorch's.
@@ -26,7 +29,9 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("gguf_blocks.c")
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+FUSED_OPS_SOURCE = Path(__file__).with_name("fused_ops.c")
+PAGED_ATTENTION_SOURCE = Path(__file__).with_name("paged_attention.c")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC")
 
 #: Kernel id of each GGUF block type (the ``qtype`` argument of the C functions).
 BLOCK_TYPES = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2}
@@ -161,27 +166,173 @@ class GGUFBlockKernels:
         return out
 
 
-@functools.lru_cache(maxsize=1)
-def _load() -> GGUFBlockKernels | NativeKernelsUnavailable:
+class FusedOps:
+    """Fused elementwise steps on contiguous float32 CPU tensors (see ``fused_ops.c``)."""
+
+    def __init__(self, path: Path) -> None:
+        lib = ctypes.CDLL(str(path))
+        ptr, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+        lib.vl_add_rmsnorm.argtypes = [ptr, ptr, ptr, i64, i64, f32, ptr]
+        lib.vl_rope.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, ptr]
+        lib.vl_add_rmsnorm.restype = lib.vl_rope.restype = None
+        self._lib = lib
+
+    def add_rmsnorm(
+        self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+    ) -> torch.Tensor:
+        """``residual += x`` (if given), then RMSNorm of the sum (or of ``x``) times ``weight``.
+
+        ``x``, ``residual``: ``[T, H]`` contiguous; returns a new ``[T, H]`` tensor.
+        """
+        num_tokens, hidden = x.shape
+        out = torch.empty_like(x)
+        self._lib.vl_add_rmsnorm(
+            x.data_ptr(),
+            None if residual is None else residual.data_ptr(),
+            weight.data_ptr(),
+            num_tokens,
+            hidden,
+            eps,
+            out.data_ptr(),
+        )
+        return out
+
+    def rope_(
+        self,
+        rows: torch.Tensor,
+        num_heads: int,
+        head_dim: int,
+        positions: torch.Tensor,
+        cos_table: torch.Tensor,
+        sin_table: torch.Tensor,
+    ) -> None:
+        """Rotate, in place, the first ``num_heads`` heads of each row of ``rows`` ``[T, W]``
+        (row stride ``rows.stride(0)``, unit stride within a row) by ``positions`` ``[T]``
+        (int64), with ``[max_positions, head_dim // 2]`` float32 tables."""
+        self._lib.vl_rope(
+            rows.data_ptr(),
+            rows.shape[0],
+            rows.stride(0),
+            num_heads,
+            head_dim,
+            positions.data_ptr(),
+            cos_table.data_ptr(),
+            sin_table.data_ptr(),
+        )
+
+
+class PagedAttentionKernel:
+    """Paged causal attention over float32 CPU caches (see ``paged_attention.c``)."""
+
+    def __init__(self, path: Path) -> None:
+        lib = ctypes.CDLL(str(path))
+        ptr, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+        lib.vl_paged_attention.argtypes = [ptr, i64, i64] * 3 + [ptr, i64, ptr, ptr]
+        lib.vl_paged_attention.argtypes += [ptr, i64, ptr, ptr, i64, i64, i64, i64, i64, f32]
+        lib.vl_paged_attention.argtypes += [ptr, i32]
+        lib.vl_paged_attention.restype = i32
+        self._lib = lib
+
+    def __call__(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        """Write ``key``/``value`` ``[T, Hkv, D]`` at ``slot_mapping``, then attend.
+
+        ``query`` ``[T, H, D]`` (any token/head strides, unit stride within a head);
+        caches ``[num_blocks, block_size, Hkv, D]`` contiguous; ``block_tables``
+        ``[S, B]``, ``seq_lens`` ``[S]`` and ``query_start_loc`` ``[S + 1]`` int32.
+        Returns ``[T, H, D]``.
+        """
+        num_tokens, num_heads, head_dim = query.shape
+        num_kv_heads = key.shape[1]
+        out = torch.empty(num_tokens, num_heads, head_dim, dtype=torch.float32)
+        block_tables = block_tables.contiguous()
+        status = self._lib.vl_paged_attention(
+            *(arg for t in (query, key, value) for arg in (t.data_ptr(), *t.stride()[:2])),
+            slot_mapping.data_ptr(),
+            num_tokens,
+            key_cache.data_ptr(),
+            value_cache.data_ptr(),
+            block_tables.data_ptr(),
+            block_tables.stride(0),
+            seq_lens.data_ptr(),
+            query_start_loc.data_ptr(),
+            seq_lens.shape[0],
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            key_cache.shape[1],
+            scale,
+            out.data_ptr(),
+            torch.get_num_threads(),
+        )
+        if status != 0:
+            raise RuntimeError(
+                f"paged attention kernel refused the shape (heads {num_heads}/{num_kv_heads}, "
+                f"head dim {head_dim}, block size {key_cache.shape[1]})"
+            )
+        return out
+
+
+_LIBRARIES = {
+    "gguf_blocks": (SOURCE, GGUFBlockKernels),
+    "fused_ops": (FUSED_OPS_SOURCE, FusedOps),
+    "paged_attention": (PAGED_ATTENTION_SOURCE, PagedAttentionKernel),
+}
+
+
+@functools.cache
+def _load(name: str) -> GGUFBlockKernels | FusedOps | NativeKernelsUnavailable:
     if sys.platform == "win32":
         return NativeKernelsUnavailable("the C kernels are built for Linux and macOS only")
+    source, wrapper = _LIBRARIES[name]
     try:
-        return GGUFBlockKernels(build_library())
+        return wrapper(build_library(source))
     except NativeKernelsUnavailable as error:
         return error
     except OSError as error:  # a library that does not load
         return NativeKernelsUnavailable(f"loading the compiled kernels failed: {error}")
 
 
-def gguf_block_kernels() -> GGUFBlockKernels:
-    """The kernels, built on first use; raises :class:`NativeKernelsUnavailable`."""
-    loaded = _load()
+def _loaded(name: str):
+    loaded = _load(name)
     if isinstance(loaded, NativeKernelsUnavailable):
         raise loaded
     return loaded
 
 
+def gguf_block_kernels() -> GGUFBlockKernels:
+    """The block-quantized kernels, built on first use; raises
+    :class:`NativeKernelsUnavailable`."""
+    return _loaded("gguf_blocks")
+
+
+def fused_ops() -> FusedOps:
+    """The fused elementwise kernels, built on first use; raises
+    :class:`NativeKernelsUnavailable`."""
+    return _loaded("fused_ops")
+
+
+def paged_attention_kernel() -> PagedAttentionKernel:
+    """The paged attention kernel, built on first use; raises
+    :class:`NativeKernelsUnavailable`."""
+    return _loaded("paged_attention")
+
+
 def unavailable_reason() -> str | None:
     """Why the kernels cannot run here, or ``None`` when they can."""
-    loaded = _load()
-    return str(loaded) if isinstance(loaded, NativeKernelsUnavailable) else None
+    for name in _LIBRARIES:
+        loaded = _load(name)
+        if isinstance(loaded, NativeKernelsUnavailable):
+            return str(loaded)
+    return None

@@ -41,6 +41,7 @@ from torch import nn
 from vlite.core.attention import AttentionBackend, AttentionMetadata
 from vlite.core.hookspecs import Register, hookimpl
 from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
+from vlite.kernels.native import NativeKernelsUnavailable, fused_ops
 from vlite.models.parallel_layers import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -49,7 +50,7 @@ from vlite.models.parallel_layers import (
     VocabParallelLMHead,
 )
 from vlite.models.quantization import BlockQuantizedTensor
-from vlite.models.rope import RotaryEmbedding
+from vlite.models.rope import RotaryEmbedding, StepRotation
 from vlite.models.spec import head_dim_of
 
 ARCHITECTURES = (
@@ -70,15 +71,34 @@ _STACKED = {
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm over the last dim, computed in float32 and cast back (as HF)."""
+    """Root-mean-square norm over the last dim, computed in float32 and cast back (as HF).
+
+    Given a ``residual``, it first adds ``x`` to it (the decoder's skip connection) and
+    returns the norm of the sum and the sum, as vLLM's fused add-norm does. With
+    :attr:`native` set (the quantized CPU path), float32 2-D inputs take one C call, which
+    updates ``residual`` in place.
+    """
 
     def __init__(self, size: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
+        #: :class:`~vlite.kernels.native.FusedOps`, or ``None`` for PyTorch ops.
+        self.native: Any = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``[..., size]`` -> ``[..., size]`` in ``x.dtype``."""
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """``[..., size]`` -> normed ``[..., size]`` in ``x.dtype`` (and the new residual)."""
+        if self.native is not None and x.dtype == torch.float32 and x.dim() == 2:
+            out = self.native.add_rmsnorm(x.contiguous(), residual, self.weight, self.eps)
+            return out if residual is None else (out, residual)
+        if residual is not None:
+            residual = x + residual
+            return self._norm(residual), residual
+        return self._norm(x)
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
@@ -137,20 +157,28 @@ class LlamaAttention(nn.Module):
 
     def forward(
         self,
-        positions: torch.Tensor,
+        rotation: StepRotation,
         hidden: torch.Tensor,
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
-        """``hidden`` ``[T, hidden_size]``, ``positions`` ``[T]`` -> ``[T, hidden_size]``."""
+        """``hidden`` ``[T, hidden_size]`` -> ``[T, hidden_size]``, rotating by the step's
+        positions."""
         num_tokens = hidden.shape[0]
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], -1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(hidden)
+        v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.has_qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary_emb(positions, q, k)
+            q, k, _ = qkv.split([self.q_size, self.kv_size, self.kv_size], -1)
+            q = self.q_norm(q.view(num_tokens, self.num_heads, self.head_dim))
+            k = self.k_norm(k.reshape(num_tokens, self.num_kv_heads, self.head_dim))
+            q, k = rotation.rotate(q), rotation.rotate(k)
+        else:
+            # Queries and keys are adjacent in qkv: one rotation for both.
+            num_qk_heads = self.num_heads + self.num_kv_heads
+            qk = qkv[:, : self.q_size + self.kv_size].view(num_tokens, num_qk_heads, self.head_dim)
+            if not rotation.rotate_rows_(qkv, num_qk_heads):
+                qk = rotation.rotate(qk)
+            q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         out = self.attention.forward(q, k, v, kv_cache, metadata)  # [T, heads, head_dim]
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
@@ -191,16 +219,24 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(
         self,
-        positions: torch.Tensor,
+        rotation: StepRotation,
         hidden: torch.Tensor,
+        residual: torch.Tensor | None,
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
-    ) -> torch.Tensor:
-        """``[T, hidden_size]`` -> ``[T, hidden_size]``."""
-        hidden = hidden + self.self_attn(
-            positions, self.input_layernorm(hidden), kv_cache, metadata
-        )
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block on ``hidden`` ``[T, hidden_size]``: returns ``(mlp output, residual)``.
+
+        The skip connections are carried as ``residual`` (``None`` for the first layer) and
+        added inside the norms, so ``residual + mlp output`` is HF's layer output.
+        """
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(rotation, hidden, kv_cache, metadata)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
 
 
 class LlamaModel(nn.Module):
@@ -270,6 +306,8 @@ class LlamaForCausalLM(nn.Module):
             has_weight=not self.tie_word_embeddings,
             tp_group=tp_group,
         )
+        #: Fused C kernels for norms and RoPE (set when weights stay quantized on the CPU).
+        self.native_ops: Any = None
 
     @classmethod
     def check_tensor_parallel_size(cls, hf_config: Any, tensor_parallel_size: int) -> None:
@@ -287,9 +325,11 @@ class LlamaForCausalLM(nn.Module):
         if len(kv_caches) != self.num_layers:
             raise ValueError(f"expected {self.num_layers} KV caches, got {len(kv_caches)}")
         hidden = self.model.embed_tokens(input_ids)
+        rotation = StepRotation(self.rotary_emb, positions, hidden.dtype, self.native_ops)
+        residual = None
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
-            hidden = layer(positions, hidden, kv_cache, attn_metadata)
-        return self.model.norm(hidden)
+            hidden, residual = layer(rotation, hidden, residual, kv_cache, attn_metadata)
+        return self.model.norm(hidden, residual)[0]
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """``[n, hidden_size]`` -> ``[n, vocab_size]`` float32 logits (full on every rank)."""
@@ -336,6 +376,23 @@ class LlamaForCausalLM(nn.Module):
         if pending:
             missing = sorted(f"{n} ({s})" if s else n for n, s in pending)
             raise ValueError(f"missing weights: {', '.join(missing[:10])} ({len(missing)} total)")
+        if any(getattr(m, "quantized", None) is not None for m in self.modules()):
+            self.use_native_ops()
+
+    def use_native_ops(self) -> None:
+        """Run the norms and RoPE as fused C kernels on float32 CPU inputs.
+
+        Done by :meth:`load_weights` when weights stay quantized (that path's oracle is its
+        agreement with the float32 path; the float path keeps PyTorch's ops, bit for bit
+        HF's). Does nothing where the kernels cannot be built.
+        """
+        try:
+            self.native_ops = fused_ops()
+        except NativeKernelsUnavailable:
+            return
+        for module in self.modules():
+            if isinstance(module, RMSNorm):
+                module.native = self.native_ops
 
     def _expected_shards(self) -> set[tuple[str, str | None]]:
         """Every ``(parameter name, shard)`` a complete checkpoint must provide."""

@@ -144,3 +144,50 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     """``x * cos + rotate_half(x) * sin`` on ``[T, heads, head_dim]`` with half-width cos/sin."""
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class StepRotation:
+    """The rotation for one step's positions, looked up once and applied by every layer.
+
+    With ``native`` (:class:`~vlite.kernels.native.FusedOps`), float32 CPU tensors are
+    rotated in place by one C call; otherwise cos/sin rows are gathered once here and each
+    layer's :meth:`rotate` is the reference formula (HF's ``rotate_half``).
+    """
+
+    def __init__(
+        self,
+        rope: RotaryEmbedding,
+        positions: torch.Tensor,
+        dtype: torch.dtype,
+        native: Any = None,
+    ) -> None:
+        self.head_dim = rope.head_dim
+        is_native = (
+            native is not None
+            and dtype == torch.float32
+            and positions.device.type == "cpu"
+            and rope.cos_cache.dtype == torch.float32
+        )
+        self.native = native if is_native else None
+        if self.native is not None:
+            self.positions = positions.to(torch.int64).contiguous()
+            self.cos_table, self.sin_table = rope.cos_cache, rope.sin_cache
+        else:
+            self.cos = rope.cos_cache[positions].to(dtype).unsqueeze(1)  # [T, 1, head_dim // 2]
+            self.sin = rope.sin_cache[positions].to(dtype).unsqueeze(1)
+
+    def rotate(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` ``[T, heads, head_dim]`` rotated (a new tensor)."""
+        return _rotate(x, self.cos, self.sin)
+
+    def rotate_rows_(self, rows: torch.Tensor, num_heads: int) -> bool:
+        """Rotate the first ``num_heads`` heads of each row of ``rows`` ``[T, W]`` in place.
+
+        Returns ``False`` (and leaves ``rows`` alone) when the native path does not apply.
+        """
+        if self.native is None or rows.stride(-1) != 1:
+            return False
+        self.native.rope_(
+            rows, num_heads, self.head_dim, self.positions, self.cos_table, self.sin_table
+        )
+        return True

@@ -26,6 +26,7 @@ from vlite.server.metrics import render_metrics
 from vlite.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from vlite.server.serving_chat import ChatServing
 from vlite.server.serving_completions import CompletionServing
+from vlite.worker.cpu_threads import default_cpu_threads, physical_cores
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +48,8 @@ SERVING_TOKEN_BUDGET = {"cpu": 128, "cuda": 2048}
 def with_serving_defaults(
     config: VliteConfig, config_file: str | None = None, overrides: dict | None = None
 ) -> VliteConfig:
-    """``config`` with the server's scheduling defaults where nobody chose otherwise.
+    """``config`` with the server's scheduling and thread defaults where nobody chose
+    otherwise.
 
     Online, a long prompt must not hold up every running stream, so (as vLLM's server)
     ``vlite serve`` chunks prefills: the ``chunked-prefill`` scheduler with a per-device
@@ -55,11 +57,17 @@ def with_serving_defaults(
     file, ``VLITE_*`` variable or flag wins); the budget only while it is unset too.
     """
     origins = describe_sources(config_file, overrides or {})
-    if origins["scheduler"] != "default":
+    update: dict = {}
+    if origins["cpu_threads"] == "default" and physical_cores() >= 4:
+        # The API process tokenizes and streams: leave it a core on machines that have
+        # cores to spare (on two, halving the engine's threads costs more than it saves).
+        update["cpu_threads"] = default_cpu_threads(config.tensor_parallel_size, 1)
+    if origins["scheduler"] == "default":
+        update["scheduler"] = "chunked-prefill"
+        if origins["max_num_batched_tokens"] == "default":
+            update["max_num_batched_tokens"] = SERVING_TOKEN_BUDGET[config.torch_device.type]
+    if not update:
         return config
-    update: dict = {"scheduler": "chunked-prefill"}
-    if origins["max_num_batched_tokens"] == "default":
-        update["max_num_batched_tokens"] = SERVING_TOKEN_BUDGET[config.torch_device.type]
     return VliteConfig(**{**config.model_dump(), **update})
 
 

@@ -13,6 +13,7 @@ from vlite.core.plugins import PluginRegistry
 from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vlite.models.loader import build_model
 from vlite.models.spec import ModelSpec
+from vlite.worker.cpu_threads import resolve_cpu_threads, use_cpu_threads
 from vlite.worker.model_runner import ModelRunner
 
 _GIB = 1 << 30
@@ -43,6 +44,9 @@ class Worker:
         self.device = device if device is not None else config.torch_device
         self.dtype = config.torch_dtype
         self.model_spec = ModelSpec.from_config(config)
+        if self.device.type == "cpu" and not tp_group.is_parallel:
+            # Multiproc workers get their count from the executor (split over ranks).
+            use_cpu_threads(resolve_cpu_threads(config.cpu_threads))
         self.model_runner: ModelRunner | None = None
         #: The attention backend in use (what "auto" resolved to), set by load_model.
         self.attention_backend_name: str | None = None

@@ -8,12 +8,14 @@ import torch
 from vlite import LLM, SamplingParams
 from vlite.core.attention import AttentionBackend
 from vlite.core.plugins import PluginRegistry, build_plugin_manager
+from vlite.kernels import native
 from vlite.plugins.attention import flash
 from vlite.plugins.attention.auto import (
     AUTO_PREFERENCES,
     AutoAttentionBackend,
     resolve_attention_backend,
 )
+from vlite.plugins.attention.cpu_native import CpuAttentionBackend
 from vlite.plugins.attention.torch_ref import TorchAttentionBackend
 from vlite.plugins.attention.triton_paged import TritonAttentionBackend
 from vlite.testing.attention_cases import AttentionShape, boundary_batch, run_case
@@ -31,11 +33,21 @@ def choose(registry, device, dtype, **limits) -> str:
 
 
 def test_documented_order():
-    assert AUTO_PREFERENCES == {"cuda": ("flash", "triton", "torch"), "cpu": ("torch",)}
+    assert AUTO_PREFERENCES == {"cuda": ("flash", "triton", "torch"), "cpu": ("cpu", "torch")}
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cpu_resolves_to_torch(registry, dtype):
+def test_cpu_float32_resolves_to_the_c_kernel(registry):
+    name, cls = resolve_attention_backend("auto", CPU, torch.float32, registry, head_dim=64)
+    assert (name, cls) == ("cpu", CpuAttentionBackend)
+
+
+def test_cpu_without_a_compiler_falls_back_to_torch(registry, monkeypatch):
+    monkeypatch.setattr(native, "unavailable_reason", lambda: "no C compiler found")
+    assert choose(registry, CPU, torch.float32, head_dim=64) == "torch"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cpu_low_precision_resolves_to_torch(registry, dtype):
     name, cls = resolve_attention_backend("auto", CPU, dtype, registry, head_dim=64)
     assert (name, cls) == ("torch", TorchAttentionBackend)
 
@@ -99,15 +111,15 @@ def test_explicit_backends_resolve_to_themselves(registry):
 
 
 def test_unknown_names_list_the_available_ones(registry):
-    with pytest.raises(ValueError, match="available: auto, flash, torch, triton"):
+    with pytest.raises(ValueError, match="available: auto, cpu, flash, torch, triton"):
         resolve_attention_backend("nope", CPU, torch.float32, registry)
 
 
 def test_constructed_directly_it_delegates_to_the_choice():
     shape = AttentionShape(32, 2, 16)
     backend = AutoAttentionBackend(shape.num_heads, 2, 32, shape.scale, 16)
-    assert backend.delegate_name == "torch"
-    assert isinstance(backend.delegate, TorchAttentionBackend)
+    assert backend.delegate_name == "cpu"
+    assert isinstance(backend.delegate, CpuAttentionBackend)
     for result in run_case(backend, shape, boundary_batch(16)):
         torch.testing.assert_close(result.output.double(), result.expected, atol=1e-4, rtol=1e-4)
 
@@ -118,11 +130,11 @@ def test_the_engine_uses_what_auto_chose(tmp_path):
     folder = make_tiny_model(tmp_path, "LlamaForCausalLM")
     params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
     tokens = {}
-    for name in ("auto", "torch"):
+    for name in ("auto", "cpu"):
         llm = LLM(model=str(folder), attention_backend=name, num_kv_blocks=16)
         worker = llm.llm_engine.engine_core.executor.worker
-        assert worker.attention_backend_name == "torch"
-        assert type(worker.runner.model.attention) is TorchAttentionBackend
+        assert worker.attention_backend_name == "cpu"
+        assert type(worker.runner.model.attention) is CpuAttentionBackend
         outputs = llm.generate([{"prompt_token_ids": [5, 6, 7, 8, 9]}], params, use_tqdm=False)
         tokens[name] = outputs[0].outputs[0].token_ids
-    assert tokens["auto"] == tokens["torch"]
+    assert tokens["auto"] == tokens["cpu"]

@@ -5,9 +5,10 @@ available (its ``unavailable_reason(device, dtype)``, if it has one, returns ``N
 within its declared limits (dtype, head dim, block size) wins:
 
 - CUDA: ``flash`` (needs the flash-attn package; float16/bfloat16) > ``triton`` > ``torch``;
-- CPU: ``torch``. (``triton`` only runs interpreted there, for tests; ``flash`` on CPU is
-  the ``torch`` reference pinned to PyTorch's flash SDPA kernel, which the reference's
-  SDPA already picks when it is the fastest.)
+- CPU: ``cpu`` (the C paged-attention kernel; float32, needs a C compiler) > ``torch``.
+  (``triton`` only runs interpreted there, for tests; ``flash`` on CPU is the ``torch``
+  reference pinned to PyTorch's flash SDPA kernel, which the reference's SDPA already
+  picks when it is the fastest.)
 
 Engines resolve ``auto`` with :func:`resolve_attention_backend` before building the model,
 so the model holds the chosen backend and the engine can say which one it chose. The
@@ -40,7 +41,7 @@ from vlite.core.hookspecs import Register, hookimpl
 #: Device type -> registry names, most preferred first.
 AUTO_PREFERENCES: dict[str, tuple[str, ...]] = {
     "cuda": ("flash", "triton", "torch"),
-    "cpu": ("torch",),
+    "cpu": ("cpu", "torch"),
 }
 _FALLBACK_PREFERENCE = ("torch",)
 

@@ -31,6 +31,7 @@ import msgspec
 from vlite.core.config import VliteConfig
 from vlite.core.outputs import ModelRunnerOutput
 from vlite.distributed import file_init_method
+from vlite.worker.cpu_threads import resolve_cpu_threads, thread_environment
 from vlite.worker.protocol import (
     FromWorker,
     InitializeKVCache,
@@ -54,10 +55,9 @@ class WorkerProcessError(RuntimeError):
     """A worker process raised, exited or closed its connection."""
 
 
-def threads_per_worker(world_size: int) -> int:
-    """``max(1, usable CPUs // world_size)``: the workers share the machine's cores."""
-    num_cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    return max(1, (num_cpus or os.cpu_count() or 1) // world_size)
+def threads_per_worker(world_size: int, cpu_threads: int | None = None) -> int:
+    """``cpu_threads`` if set, else the physical cores split over ``world_size`` workers."""
+    return resolve_cpu_threads(cpu_threads, world_size)
 
 
 class WorkerProcessPool:
@@ -70,6 +70,7 @@ class WorkerProcessPool:
 
     def __init__(self, config: VliteConfig, registry) -> None:
         self.world_size = config.tensor_parallel_size
+        self.config = config
         self.error: WorkerProcessError | None = None
         self._decoder = msgspec.msgpack.Decoder(FromWorker)
         self._encoder = msgspec.msgpack.Encoder()
@@ -89,7 +90,7 @@ class WorkerProcessPool:
 
     def _bootstrap_payloads(self, config: VliteConfig, registry) -> list[bytes]:
         init_method = file_init_method(self._rendezvous_dir)
-        num_threads = threads_per_worker(self.world_size)
+        num_threads = threads_per_worker(self.world_size, config.cpu_threads)
         payloads = []
         for rank in range(self.world_size):
             bootstrap = WorkerBootstrap(
@@ -108,7 +109,8 @@ class WorkerProcessPool:
 
     def _launch(self, rank: int, payload: bytes) -> None:
         ours, theirs = socket.socketpair()
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_worker(self.world_size)))
+        num_threads = threads_per_worker(self.world_size, self.config.cpu_threads)
+        env = dict(os.environ, **thread_environment(num_threads))
         if rank > 0:
             env["TQDM_DISABLE"] = "1"  # one set of loading progress bars is enough
         try:

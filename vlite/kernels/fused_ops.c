@@ -1,0 +1,51 @@
+/*
+ * Fused elementwise steps of a decoder layer on float32 CPU tensors, one call each where
+ * PyTorch takes several small ops (each op costs microseconds of dispatch at decode sizes).
+ * Compiled with -ffp-contract=off: every product and sum is rounded as written, in the
+ * order PyTorch's reference formulas use.
+ */
+#include <math.h>
+#include <stdint.h>
+
+/*
+ * residual[T, H] += x (when residual is given), then
+ * out[t] = weight * (h[t] * 1 / sqrt(mean(h[t]^2) + eps)), h = the (updated) residual or x.
+ */
+void vl_add_rmsnorm(const float *x, float *residual, const float *weight, int64_t T,
+                    int64_t H, float eps, float *out) {
+    for (int64_t t = 0; t < T; t++) {
+        const float *h = x + t * H;
+        if (residual) {
+            float *r = residual + t * H;
+            for (int64_t i = 0; i < H; i++) r[i] = r[i] + h[i];
+            h = r;
+        }
+        float sum = 0.0f;
+        for (int64_t i = 0; i < H; i++) sum += h[i] * h[i];
+        const float scale = 1.0f / sqrtf(sum / (float)H + eps);
+        float *o = out + t * H;
+        for (int64_t i = 0; i < H; i++) o[i] = weight[i] * (h[i] * scale);
+    }
+}
+
+/*
+ * Rotary embedding ("rotate half"), in place, on the first num_heads heads of each row of
+ * x (row t starts at x + t * row_stride; heads of head_dim values back to back):
+ * (a, b) = (x[i], x[i + d/2]) -> (a cos - b sin, b cos + a sin), with cos/sin of row
+ * positions[t] of the [max_positions, d/2] tables.
+ */
+void vl_rope(float *x, int64_t T, int64_t row_stride, int64_t num_heads, int64_t head_dim,
+             const int64_t *positions, const float *cos_table, const float *sin_table) {
+    const int64_t half = head_dim / 2;
+    for (int64_t t = 0; t < T; t++) {
+        const float *c = cos_table + positions[t] * half, *s = sin_table + positions[t] * half;
+        for (int64_t h = 0; h < num_heads; h++) {
+            float *a = x + t * row_stride + h * head_dim, *b = a + half;
+            for (int64_t i = 0; i < half; i++) {
+                const float a0 = a[i], b0 = b[i];
+                a[i] = a0 * c[i] - b0 * s[i];
+                b[i] = b0 * c[i] + a0 * s[i];
+            }
+        }
+    }
+}

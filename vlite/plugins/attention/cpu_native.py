@@ -1,0 +1,85 @@
+"""The native CPU attention backend (registry name ``cpu``): paged attention in C.
+
+One call per layer writes the step's keys and values into the paged cache and attends
+every new token to its own sequence's context, reading the cache blocks in place: no
+per-step gather of the contexts, no padding to the longest one, no mask tensors. Prefills,
+prompt chunks, prefix-cache hits and decodes are one code path (each token sees keys
+``0..position``). The kernel (``vlite/kernels/paged_attention.c``) is compiled on first use
+(:mod:`vlite.kernels.native`); it computes in float32, with an online softmax rescaled once
+per cache block, so its results match the ``torch`` reference to float32 rounding, not bit
+for bit.
+
+``auto`` prefers it on the CPU for float32 models; bfloat16/float16 stay with ``torch``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vlite.core.attention import AttentionBackend, AttentionMetadata
+from vlite.core.hookspecs import Register, hookimpl
+
+#: Query heads per KV head times head dim that the kernel's buffers hold.
+_MAX_GROUP_VALUES = 8192
+
+
+class CpuAttentionBackend(AttentionBackend):
+    """Paged causal attention with grouped-query support, in C, float32 on the CPU."""
+
+    supported_dtypes = (torch.float32,)
+    supported_block_sizes = (16, 32, 64)
+
+    def __init__(
+        self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, block_size: int
+    ) -> None:
+        super().__init__(num_heads, num_kv_heads, head_dim, scale, block_size)
+        if self.num_queries_per_kv > 64 or self.num_queries_per_kv * head_dim > _MAX_GROUP_VALUES:
+            raise ValueError(
+                f"the cpu attention backend supports at most 64 query heads per KV head and "
+                f"{_MAX_GROUP_VALUES} values per KV-head group; got {self.num_queries_per_kv} "
+                f"x head dim {head_dim}"
+            )
+        from vlite.kernels.native import paged_attention_kernel
+
+        self._kernel = paged_attention_kernel()
+
+    @classmethod
+    def unavailable_reason(cls, device: torch.device, dtype: torch.dtype) -> str | None:
+        """Why the backend cannot run here (``None``: it can)."""
+        if device.type != "cpu":
+            return f"the C kernel runs on the CPU, not {device.type}"
+        from vlite.kernels.native import unavailable_reason
+
+        return unavailable_reason()
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        """See :meth:`AttentionBackend.forward`. Returns ``[num_tokens, num_heads, head_dim]``."""
+        query, key, value = (_unit_inner_stride(t.float()) for t in (query, key, value))
+        return self._kernel(
+            query,
+            key,
+            value,
+            kv_cache[0],
+            kv_cache[1],
+            metadata.slot_mapping,
+            metadata.block_tables,
+            metadata.seq_lens,
+            metadata.query_start_loc,
+            self.scale,
+        )
+
+
+def _unit_inner_stride(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor if tensor.stride(-1) == 1 else tensor.contiguous()
+
+
+@hookimpl
+def register_attention_backends(register: Register) -> None:
+    register("cpu", CpuAttentionBackend)
