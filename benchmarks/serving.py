@@ -1,8 +1,8 @@
 """Online serving: ``vlite serve`` vs ``transformers serve``, one after the other in one run.
 
 Each engine is started as a server subprocess on a free port, serving the same Hugging Face
-folder (default: SmolLM2-135M-Instruct exported from its GGUF file, as in
-``throughput.py``) in the same dtype on the same device with the same thread count
+folder (default: SmolLM2-135M-Instruct exported from its GGUF file by
+``harness.py``) in the same dtype on the same device with the same thread count
 (``OMP_NUM_THREADS`` and ``MKL_NUM_THREADS`` in every server process, inherited by vlite's
 engine-core process). Each is warmed up with one request, then driven by the same workload
 through the OpenAI streaming API (``POST /v1/completions`` with ``"stream": true``, which
@@ -31,7 +31,7 @@ figures are still shown.
     python benchmarks/serving.py --num-requests 16 --concurrency 4 --max-tokens 32
     python benchmarks/serving.py --engines vlite --model path/to/hf-folder
 
-Run it as a script (it imports ``default_model_folder`` from ``throughput.py`` next to it).
+Run it as a script (it imports ``default_model_folder`` from ``harness.py`` next to it).
 """
 
 from __future__ import annotations
@@ -588,7 +588,7 @@ def main() -> None:
     if args.model:
         folder = Path(args.model)
     else:
-        from throughput import default_model_folder  # benchmarks/ is on sys.path as a script
+        from harness import default_model_folder  # benchmarks/ is on sys.path as a script
 
         folder = default_model_folder()
     workload = make_workload(folder, args)

@@ -82,8 +82,17 @@ def _add_tokenizer(writer: gguf.GGUFWriter, tokenizer) -> None:
     writer.add_chat_template(CHAT_TEMPLATE)
 
 
-def write_tiny_gguf(folder: Path, path: Path, extra_tensors: dict | None = None) -> Path:
-    """Convert the tiny Hugging Face model in ``folder`` to a float32 GGUF file."""
+def write_tiny_gguf(
+    folder: Path,
+    path: Path,
+    extra_tensors: dict | None = None,
+    quantize: tuple[str, str] | None = None,
+) -> Path:
+    """Convert the tiny Hugging Face model in ``folder`` to a float32 GGUF file.
+
+    ``quantize=(linear type, embedding type)``, e.g. ``("Q4_1", "Q8_0")`` as in the default
+    model's file, block-quantizes the projections and the token embedding instead.
+    """
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     config = model.config
     arch = _GGUF_ARCH[config.architectures[0]]
@@ -107,7 +116,12 @@ def write_tiny_gguf(folder: Path, path: Path, extra_tensors: dict | None = None)
         projection = name.rsplit(".", 2)[-2]
         if arch == "llama" and projection in heads:
             tensor = permute_qk(tensor, heads[projection])
-        writer.add_tensor(_gguf_name(name), tensor.contiguous().numpy())
+        array = tensor.contiguous().numpy()
+        if quantize is not None and tensor.dim() == 2:
+            kind = gguf.GGMLQuantizationType[quantize[1] if "embed" in name else quantize[0]]
+            writer.add_tensor(_gguf_name(name), gguf.quants.quantize(array, kind), raw_dtype=kind)
+        else:
+            writer.add_tensor(_gguf_name(name), array)
     for name, array in (extra_tensors or {}).items():
         writer.add_tensor(name, array)
     writer.write_header_to_file()
@@ -369,6 +383,34 @@ def test_transformers_reads_the_tiny_llama_file_like_vlite(tmp_path):
         assert torch.equal(weights[name], tensor), name
 
 
+@pytest.mark.parametrize("architecture", ["LlamaForCausalLM", "Qwen2ForCausalLM"])
+def test_quantized_tiny_file_runs_quantized_and_matches_transformers(tmp_path, architecture):
+    """Q4_1 projections and a Q8_0 tied embedding stay quantized; greedy tokens equal
+    transformers' on the same file (which dequantizes it) and vlite's float32 path."""
+    folder = make_tiny_model(tmp_path / "hf", architecture, num_kv_heads=2)
+    path = write_tiny_gguf(folder, tmp_path / "tiny-q.gguf", quantize=("Q4_1", "Q8_0"))
+    hf_model = AutoModelForCausalLM.from_pretrained(
+        tmp_path, gguf_file=path.name, dtype=torch.float32
+    )
+    hf_model.generation_config.eos_token_id = None
+    prompts = [[5, 6, 7, 8, 9], list(range(20, 60)), [100, 3]]
+    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    tokens = {}
+    for quantization in ("auto", "none"):
+        llm = LLM(model=str(path), quantization=quantization, num_kv_blocks=32)
+        model = llm.llm_engine.engine_core.executor.worker.runner.model
+        is_quantized = model.model.layers[0].mlp.gate_up_proj.quantized is not None
+        assert is_quantized == (quantization == "auto")
+        assert (model.model.embed_tokens.quantized is not None) == is_quantized
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        tokens[quantization] = [o.outputs[0].token_ids for o in outputs]
+    assert tokens["auto"] == tokens["none"]
+    for prompt, generated in zip(prompts, tokens["auto"], strict=True):
+        with torch.no_grad():
+            expected = hf_model.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False)
+        assert generated == expected[0, len(prompt) :].tolist()
+
+
 # ---- the default model, against transformers' GGUF loader ------------------------------------
 
 PROMPTS = (
@@ -459,13 +501,18 @@ def test_default_weights_equal_transformers_dequantized_weights(default_gguf, hf
     assert not expected and num_checked == 272
 
 
-def test_default_model_greedy_tokens_match_transformers(hf_gguf_model, hf_gguf_tokenizer):
+@pytest.mark.parametrize("quantization", ["none", "auto"])
+def test_default_model_greedy_tokens_match_transformers(
+    hf_gguf_model, hf_gguf_tokenizer, quantization
+):
+    """The float32 path (``none``) and the quantized one (``auto``, the default) alike."""
     messages = [{"role": "user", "content": "Name three colours."}]
     chat = hf_gguf_tokenizer.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=True
     )
     prompts = [*PROMPTS, chat]
-    llm = LLM(dtype="float32", num_kv_blocks=64)  # no model: the default one
+    # No model: the default one.
+    llm = LLM(dtype="float32", num_kv_blocks=64, quantization=quantization)
     params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
 
     outputs = llm.generate(prompts, params, use_tqdm=False)
@@ -481,3 +528,32 @@ def test_default_model_greedy_tokens_match_transformers(hf_gguf_model, hf_gguf_t
                 do_sample=False,
             )
         assert output.outputs[0].token_ids == expected[0, len(ids) :].tolist(), prompt
+
+
+def test_quantized_default_model_agrees_with_its_float32_path():
+    """The quantized path's oracle: the first greedy token agrees for >= 99% of 200 prompts."""
+    words = [
+        "the",
+        "a",
+        "robot",
+        "sea",
+        "engine",
+        "quick",
+        "brown",
+        "fox",
+        "river",
+        "light",
+        "code",
+        "paper",
+        "song",
+    ]
+    rng = np.random.default_rng(0)
+    prompts = [" ".join(rng.choice(words, size=rng.integers(3, 12))) for _ in range(200)]
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    first = {}
+    for quantization in ("auto", "none"):
+        llm = LLM(quantization=quantization, num_kv_blocks=512)
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        first[quantization] = [o.outputs[0].token_ids[0] for o in outputs]
+    agree = sum(a == b for a, b in zip(first["auto"], first["none"], strict=True))
+    assert agree >= 198, f"{agree}/200 first tokens agree"

@@ -94,9 +94,12 @@ class QuantizedMatrix:
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` ``[..., in_features]`` -> ``[..., out_features]`` in ``x.dtype``."""
-        flat = x.reshape(-1, self.in_features)
-        out = self._kernels.matmul(self.qtype, flat.float(), self.blocks, self.out_features)
-        return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
+        if x.dim() != 2:
+            out = self.matmul(x.reshape(-1, self.in_features))
+            return out.view(*x.shape[:-1], self.out_features)
+        if x.dtype != torch.float32:
+            return self.matmul(x.float()).to(x.dtype)
+        return self._kernels.matmul(self.qtype, x, self.blocks, self.out_features)
 
     def rows(self, row_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Rows ``row_ids`` ``[T]`` as ``[T, in_features]`` (an embedding lookup)."""

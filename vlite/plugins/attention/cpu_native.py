@@ -61,7 +61,7 @@ class CpuAttentionBackend(AttentionBackend):
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
         """See :meth:`AttentionBackend.forward`. Returns ``[num_tokens, num_heads, head_dim]``."""
-        query, key, value = (_unit_inner_stride(t.float()) for t in (query, key, value))
+        query, key, value = (_float32_rows(t) for t in (query, key, value))
         return self._kernel(
             query,
             key,
@@ -76,7 +76,10 @@ class CpuAttentionBackend(AttentionBackend):
         )
 
 
-def _unit_inner_stride(tensor: torch.Tensor) -> torch.Tensor:
+def _float32_rows(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as float32 with unit stride within a head (no copy when it already is)."""
+    if tensor.dtype != torch.float32:
+        tensor = tensor.float()
     return tensor if tensor.stride(-1) == 1 else tensor.contiguous()
 
 

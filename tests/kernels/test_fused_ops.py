@@ -1,0 +1,48 @@
+"""The fused C kernels of the quantized CPU path against the PyTorch formulas they replace."""
+
+from __future__ import annotations
+
+import torch
+
+from vlite.kernels.native import fused_ops
+from vlite.models.llama import RMSNorm
+from vlite.models.rope import RopeParameters, RotaryEmbedding, StepRotation
+
+
+def _norm(hidden: int) -> RMSNorm:
+    norm = RMSNorm(hidden, 1e-5)
+    norm.weight.data = torch.randn(hidden, generator=torch.Generator().manual_seed(0))
+    return norm
+
+
+def test_add_rmsnorm_matches_the_reference_and_updates_the_residual():
+    x, residual = torch.randn(5, 96), torch.randn(5, 96)
+    reference = _norm(96)
+    expected, expected_residual = reference(x, residual.clone())
+    native = _norm(96)
+    native.native = fused_ops()
+    out, new_residual = native(x, residual)
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+    assert new_residual is residual  # in place
+    torch.testing.assert_close(residual, expected_residual)
+    torch.testing.assert_close(native(x), reference(x), rtol=1e-6, atol=1e-6)
+
+
+def test_rope_in_place_matches_rotate_half():
+    rope = RotaryEmbedding(32, 128, RopeParameters(10000.0, "default", {}))
+    positions = torch.tensor([0, 5, 77, 127])
+    qkv = torch.randn(4, 6 * 32)  # 4 query + 1 key heads rotated, 1 value head left alone
+    expected = StepRotation(rope, positions, torch.float32).rotate(qkv[:, :160].view(4, 5, 32))
+    native = StepRotation(rope, positions, torch.float32, fused_ops())
+    value = qkv[:, 160:].clone()
+    assert native.rotate_rows_(qkv, 5)
+    torch.testing.assert_close(qkv[:, :160].view(4, 5, 32), expected, rtol=1e-6, atol=1e-6)
+    assert torch.equal(qkv[:, 160:], value)
+
+
+def test_rope_without_native_ops_leaves_the_rows_alone():
+    rope = RotaryEmbedding(32, 16, RopeParameters(10000.0, "default", {}))
+    rows = torch.randn(2, 64)
+    before = rows.clone()
+    assert not StepRotation(rope, torch.tensor([1, 2]), torch.float32).rotate_rows_(rows, 2)
+    assert torch.equal(rows, before)
