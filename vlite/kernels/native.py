@@ -123,6 +123,8 @@ class GGUFBlockKernels:
         """``x`` ``[M, K]`` float32 @ ``W^T`` -> ``[M, out_features]`` float32."""
         x = x.contiguous()
         num_rows, in_features = x.shape
+        _require(x, dtype=torch.float32)
+        _check_blocks(qtype, blocks, out_features, in_features)
         out = torch.empty(num_rows, out_features, dtype=torch.float32)
         self._lib.vl_matmul(
             BLOCK_TYPES[qtype],
@@ -138,6 +140,7 @@ class GGUFBlockKernels:
 
     def dequantize(self, qtype: str, blocks: torch.Tensor, in_features: int) -> torch.Tensor:
         """The whole matrix ``[N, in_features]`` as float32."""
+        _check_blocks(qtype, blocks, blocks.shape[0], in_features)
         out = torch.empty(blocks.shape[0], in_features, dtype=torch.float32)
         self._lib.vl_dequantize(
             BLOCK_TYPES[qtype],
@@ -154,6 +157,10 @@ class GGUFBlockKernels:
     ) -> torch.Tensor:
         """Rows ``row_ids`` ``[T]`` (int64) of the matrix as ``[T, in_features]`` float32."""
         row_ids = row_ids.contiguous()
+        _require(row_ids, dtype=torch.int64)
+        _check_blocks(qtype, blocks, blocks.shape[0], in_features)
+        if row_ids.numel() and not 0 <= int(row_ids.min()) <= int(row_ids.max()) < len(blocks):
+            raise IndexError(f"row ids out of range for a matrix of {len(blocks)} rows")
         out = torch.empty(row_ids.numel(), in_features, dtype=torch.float32)
         self._lib.vl_gather_rows(
             BLOCK_TYPES[qtype],
@@ -255,8 +262,17 @@ class PagedAttentionKernel:
         """
         num_tokens, num_heads, head_dim = query.shape
         num_kv_heads = key.shape[1]
+        _require(query, key, value, key_cache, value_cache, dtype=torch.float32)
+        _require(block_tables, seq_lens, query_start_loc, dtype=torch.int32)
+        _require(slot_mapping, dtype=torch.int64)
+        if not (key_cache.is_contiguous() and value_cache.is_contiguous()):
+            raise ValueError("paged attention needs contiguous key and value caches")
+        if any(t.stride(-1) != 1 for t in (query, key, value)):
+            raise ValueError("paged attention needs unit stride within each head")
         out = torch.empty(num_tokens, num_heads, head_dim, dtype=torch.float32)
         block_tables = block_tables.contiguous()
+        seq_lens, query_start_loc = seq_lens.contiguous(), query_start_loc.contiguous()
+        slot_mapping = slot_mapping.contiguous()
         status = self._lib.vl_paged_attention(
             *(arg for t in (query, key, value) for arg in (t.data_ptr(), *t.stride()[:2])),
             slot_mapping.data_ptr(),
@@ -289,6 +305,25 @@ _LIBRARIES = {
     "fused_ops": (FUSED_OPS_SOURCE, FusedOps),
     "paged_attention": (PAGED_ATTENTION_SOURCE, PagedAttentionKernel),
 }
+
+
+def _require(*tensors: torch.Tensor, dtype: torch.dtype) -> None:
+    """The C code reads raw memory: every tensor must be a CPU tensor of ``dtype``."""
+    for tensor in tensors:
+        if tensor.dtype != dtype or tensor.device.type != "cpu":
+            raise TypeError(
+                f"expected a CPU {dtype} tensor, got {tensor.device.type} {tensor.dtype}"
+            )
+
+
+def _check_blocks(qtype: str, blocks: torch.Tensor, rows: int, cols: int) -> None:
+    expected = (rows, cols // BLOCK_VALUES * BLOCK_BYTES[qtype])
+    _require(blocks, dtype=torch.uint8)
+    if cols % BLOCK_VALUES or tuple(blocks.shape) != expected or not blocks.is_contiguous():
+        raise ValueError(
+            f"{qtype} blocks of a [{rows}, {cols}] matrix must be a contiguous uint8 tensor "
+            f"{list(expected)}, got {list(blocks.shape)}"
+        )
 
 
 @functools.cache

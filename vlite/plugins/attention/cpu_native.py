@@ -43,6 +43,15 @@ class CpuAttentionBackend(AttentionBackend):
 
         self._kernel = paged_attention_kernel()
 
+    def _reference(self) -> AttentionBackend:
+        from vlite.plugins.attention.torch_ref import TorchAttentionBackend
+
+        if not hasattr(self, "_torch"):
+            self._torch = TorchAttentionBackend(
+                self.num_heads, self.num_kv_heads, self.head_dim, self.scale, self.block_size
+            )
+        return self._torch
+
     @classmethod
     def unavailable_reason(cls, device: torch.device, dtype: torch.dtype) -> str | None:
         """Why the backend cannot run here (``None``: it can)."""
@@ -60,7 +69,14 @@ class CpuAttentionBackend(AttentionBackend):
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
-        """See :meth:`AttentionBackend.forward`. Returns ``[num_tokens, num_heads, head_dim]``."""
+        """See :meth:`AttentionBackend.forward`. Returns ``[num_tokens, num_heads, head_dim]``.
+
+        A cache that is not a float32 CPU tensor (outside :attr:`supported_dtypes`, e.g.
+        when ``auto`` is constructed directly and then fed bfloat16) goes to the ``torch``
+        reference instead.
+        """
+        if kv_cache.dtype != torch.float32 or kv_cache.device.type != "cpu":
+            return self._reference().forward(query, key, value, kv_cache, metadata)
         query, key, value = (_float32_rows(t) for t in (query, key, value))
         return self._kernel(
             query,
