@@ -64,3 +64,75 @@ def use_cpu_threads(num_threads: int) -> None:
     """Set this process's intra-op thread count (PyTorch's and the C kernels')."""
     if torch.get_num_threads() != num_threads:
         torch.set_num_threads(num_threads)
+
+
+# ---- sharing the machine ----------------------------------------------------------------
+
+
+def read_cpu_times() -> tuple[float, float, float]:
+    """``(busy, total)`` jiffies of all CPUs (``/proc/stat``) and this process's own
+    (``/proc/self/stat``: user + system time of all its threads), in clock ticks."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    values = [float(v) for v in fields]
+    idle = values[3] + (values[4] if len(values) > 4 else 0.0)  # idle + iowait
+    total = sum(values[:8])  # guest time is already inside user/nice
+    stat = Path("/proc/self/stat").read_text()
+    own = stat[stat.rindex(")") + 2 :].split()  # fields after the command name
+    return total - idle, total, float(own[11]) + float(own[12])  # utime, stime
+
+
+class ThreadGovernor:
+    """Gives cores back when other processes are using them, and takes them back after.
+
+    An OpenMP team waits at every parallel region for its slowest thread; when another
+    process runs on one of the team's cores, that thread gets a fraction of the core and
+    every region stalls on it. Every ``interval_s`` seconds (checked once per step, so it
+    costs nothing between checks) the governor reads how many cores processes other than
+    this one kept busy since the last check and sets the thread count to ``max_threads``
+    less those cores (rounded; at least one thread).
+
+    Args:
+        max_threads: the thread count on an otherwise idle machine.
+        num_cpus: logical CPUs in ``/proc/stat``'s totals (default: all of them).
+        read_times: :func:`read_cpu_times` (tests pass their own).
+        clock: seconds, monotonic.
+    """
+
+    def __init__(
+        self,
+        max_threads: int,
+        *,
+        interval_s: float = 2.0,
+        num_cpus: int | None = None,
+        read_times=read_cpu_times,
+        clock=None,
+    ) -> None:
+        import time
+
+        self.max_threads = max_threads
+        self.interval_s = interval_s
+        self.num_cpus = num_cpus or os.cpu_count() or 1
+        self._read_times = read_times
+        self._clock = clock or time.monotonic
+        self._last_time = self._clock()
+        self._last_sample = read_times()
+        #: Cores other processes kept busy over the last interval.
+        self.other_load = 0.0
+        self.threads = max_threads
+
+    def on_step(self) -> None:
+        """Called before each step: re-evaluates at most once per ``interval_s``."""
+        now = self._clock()
+        if now - self._last_time < self.interval_s:
+            return
+        sample = self._read_times()
+        busy, total, own = (new - old for new, old in zip(sample, self._last_sample))
+        self._last_time, self._last_sample = now, sample
+        if total <= 0:
+            return
+        # /proc/stat counts all CPUs; our own ticks come from /proc/self/stat.
+        self.other_load = max(0.0, (busy - own) / total * self.num_cpus)
+        threads = max(1, min(self.max_threads, self.max_threads - round(self.other_load)))
+        if threads != self.threads:
+            self.threads = threads
+            use_cpu_threads(threads)

@@ -13,7 +13,12 @@ from vlite.core.plugins import PluginRegistry
 from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vlite.models.loader import build_model
 from vlite.models.spec import ModelSpec
-from vlite.worker.cpu_threads import resolve_cpu_threads, use_cpu_threads
+from vlite.worker.cpu_threads import (
+    ThreadGovernor,
+    read_cpu_times,
+    resolve_cpu_threads,
+    use_cpu_threads,
+)
 from vlite.worker.model_runner import ModelRunner
 
 _GIB = 1 << 30
@@ -44,9 +49,14 @@ class Worker:
         self.device = device if device is not None else config.torch_device
         self.dtype = config.torch_dtype
         self.model_spec = ModelSpec.from_config(config)
+        #: Adapts the CPU thread count to other processes' load (``cpu_threads`` unset).
+        self.thread_governor: ThreadGovernor | None = None
         if self.device.type == "cpu" and not tp_group.is_parallel:
             # Multiproc workers get their count from the executor (split over ranks).
-            use_cpu_threads(resolve_cpu_threads(config.cpu_threads))
+            num_threads = resolve_cpu_threads(config.cpu_threads)
+            use_cpu_threads(num_threads)
+            if config.cpu_threads is None and _can_read_cpu_times():
+                self.thread_governor = ThreadGovernor(num_threads)
         self.model_runner: ModelRunner | None = None
         #: The attention backend in use (what "auto" resolved to), set by load_model.
         self.attention_backend_name: str | None = None
@@ -126,10 +136,20 @@ class Worker:
         self.runner.initialize_kv_cache(num_blocks, self.dtype)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> None:
+        if self.thread_governor is not None:
+            self.thread_governor.on_step()
         self.runner.execute_model(scheduler_output)
 
     def sample_tokens(self) -> ModelRunnerOutput:
         return self.runner.sample_tokens()
+
+
+def _can_read_cpu_times() -> bool:
+    try:
+        read_cpu_times()
+    except (OSError, ValueError, IndexError):
+        return False  # not Linux: keep the fixed count
+    return True
 
 
 def _check_backend_supports(
