@@ -223,13 +223,22 @@ def setting_flags(items: list[str]) -> tuple[str, ...]:
 def make_vlite_llm(model: str | None, settings: dict[str, Any], threads: int) -> tuple[Any, bool]:
     """``LLM(model, cpu_threads=threads, **settings)``, without ``cpu_threads`` if unknown.
 
-    Returns the LLM and whether vlite took ``cpu_threads`` (else only torch's thread count,
-    set by :func:`run_worker`, applies).
+    At vlite's own default thread count (its physical cores) ``cpu_threads`` is not passed,
+    so vlite runs as a user gets it, thread governor included (which backs off when other
+    processes take cores; an explicit ``cpu_threads`` fixes the count). Returns the LLM and
+    whether ``cpu_threads`` was set (else only torch's thread count, set by
+    :func:`run_worker`, applies).
     """
     from vlite import LLM
 
     if "cpu_threads" in settings:
         return LLM(model=model, **settings), True
+    try:
+        from vlite.worker.cpu_threads import default_cpu_threads
+    except ImportError:
+        default_cpu_threads = None
+    if default_cpu_threads is not None and threads == default_cpu_threads():
+        return LLM(model=model, **settings), False
     try:
         return LLM(model=model, cpu_threads=threads, **settings), True
     except Exception as exc:  # TypeError or pydantic's ValidationError

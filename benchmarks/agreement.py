@@ -1,13 +1,16 @@
-"""How closely the quantized path follows the float32 path on the default model.
+"""How closely one engine configuration follows another's greedy output.
 
-Runs the same greedy prompts through ``LLM(quantization="auto")`` (GGUF blocks kept,
-C kernels) and ``LLM(quantization="none")`` (weights dequantized to float32, PyTorch
-ops) and prints how often the first token agrees and the mean length of the identical
-prefix of the two generations. Both use exactly the file's weight values; they differ
-only in the order of float32 sums, which can tip a near-tie between two tokens.
+By default: the quantized path, ``LLM(quantization="auto")`` (GGUF blocks kept, C
+kernels), against the float32 path, ``LLM(quantization="none")`` (weights dequantized to
+float32, PyTorch ops), on the default model. Prints how often the first greedy token
+agrees and the mean length of the identical prefix of the two generations. Those two use
+exactly the file's weight values and differ only in the order of float32 sums, which can
+tip a near-tie between two tokens; ``--candidate dtype=bfloat16`` measures what bfloat16
+costs instead.
 
-    python benchmarks/quantized_agreement.py                   # 200 prompts, 64 tokens
-    python benchmarks/quantized_agreement.py --num-prompts 50 --max-tokens 32
+    python benchmarks/agreement.py                               # 200 prompts, 64 tokens
+    python benchmarks/agreement.py --num-prompts 50 --max-tokens 32
+    python benchmarks/agreement.py --candidate quantization=none,dtype=bfloat16
 """
 
 from __future__ import annotations
@@ -48,10 +51,16 @@ def make_prompts(num_prompts: int, seed: int) -> list[str]:
     return [" ".join(rng.choices(WORDS, k=rng.randint(3, 12))) for _ in range(num_prompts)]
 
 
-def generate(prompts: list[str], max_tokens: int, quantization: str) -> list[list[int]]:
+def parse_settings(text: str) -> dict[str, str]:
+    """``"a=1,b=x"`` -> ``{"a": "1", "b": "x"}`` (vlite's config parses the values)."""
+    pairs = [item.split("=", 1) for item in text.split(",") if item]
+    return {key.strip(): value.strip() for key, value in pairs}
+
+
+def generate(prompts: list[str], max_tokens: int, settings: dict[str, str]) -> list[list[int]]:
     from vlite import LLM, SamplingParams
 
-    llm = LLM(quantization=quantization)
+    llm = LLM(**settings)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     outputs = llm.generate(prompts, params, use_tqdm=False)
     return [list(output.outputs[0].token_ids) for output in outputs]
@@ -71,10 +80,13 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=200)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--candidate", default="quantization=auto", help="KEY=VALUE,...")
+    parser.add_argument("--reference", default="quantization=none", help="KEY=VALUE,...")
     args = parser.parse_args()
     prompts = make_prompts(args.num_prompts, args.seed)
-    quantized = generate(prompts, args.max_tokens, "auto")
-    reference = generate(prompts, args.max_tokens, "none")
+    quantized = generate(prompts, args.max_tokens, parse_settings(args.candidate))
+    reference = generate(prompts, args.max_tokens, parse_settings(args.reference))
+    print(f"candidate {args.candidate} vs reference {args.reference}")
     first = sum(q[0] == r[0] for q, r in zip(quantized, reference))
     prefixes = [identical_prefix(q, r) for q, r in zip(quantized, reference)]
     full = sum(p == args.max_tokens for p in prefixes)
