@@ -105,7 +105,7 @@ def test_plan_says_why_nothing_is_kept(setting, types, device, why):
 
 
 def test_unknown_quantization_is_an_error_naming_the_choices():
-    with pytest.raises(ValueError, match=r"quantization='int3'.*\('auto', 'none'\)"):
+    with pytest.raises(ValueError, match=r"quantization='int3'.*\('auto', 'gguf', 'none'\)"):
         plan_quantization("int3", ["Q4_1"], CPU)
     with pytest.raises(ValueError, match="quantization"):
         VliteConfig(quantization="int3")
@@ -114,3 +114,17 @@ def test_unknown_quantization_is_an_error_naming_the_choices():
 def test_cpu_threads_must_be_positive():
     with pytest.raises(ValueError, match="cpu_threads"):
         VliteConfig(cpu_threads=0)
+
+
+@pytest.mark.parametrize(
+    ("types", "device", "why"),
+    [
+        (None, CPU, "not a GGUF file"),
+        (["Q6_K", "F32"], CPU, r"no tensor of a type with a kernel \(Q6_K\)"),
+        (["Q4_1"], torch.device("cuda"), "not cuda"),
+    ],
+)
+def test_gguf_insists_and_says_why_it_cannot(types, device, why):
+    with pytest.raises(ValueError, match=f"quantization='gguf'.*{why}"):
+        plan_quantization("gguf", types, device)
+    assert plan_quantization("gguf", ["Q4_1", "F32"], CPU).kept == {"Q4_1": 1}

@@ -31,8 +31,9 @@ ENGINE_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
         "--quantization",
         "quantization",
         {
-            "type": click.Choice(["auto", "none"]),
-            "help": "'auto': keep GGUF Q4_0/Q4_1/Q8_0 weights quantized (CPU); 'none': dequantize.",
+            "type": click.Choice(["auto", "gguf", "none"]),
+            "help": "'auto': keep GGUF Q4_0/Q4_1/Q8_0 weights quantized (CPU) where possible; "
+            "'gguf': or fail; 'none': dequantize.",
         },
     ),
     ("--device", "device", {"type": click.Choice(["auto", "cpu", "cuda"])}),

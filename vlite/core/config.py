@@ -50,10 +50,11 @@ class VliteConfig(BaseSettings):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="'auto': float32 on CPU, bfloat16 on CUDA."
     )
-    quantization: Literal["auto", "none"] = Field(
+    quantization: Literal["auto", "gguf", "none"] = Field(
         "auto",
         description="'auto': keep a GGUF file's Q4_0/Q4_1/Q8_0 weights quantized on the CPU "
-        "(exact weight-only kernels); 'none': dequantize every weight to the dtype.",
+        "(exact weight-only kernels) where possible; 'gguf': the same, an error where "
+        "impossible; 'none': dequantize every weight to the dtype.",
     )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     cpu_threads: int | None = Field(

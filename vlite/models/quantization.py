@@ -10,7 +10,9 @@ dequantized values; only the order of the float32 sums differs from a dense prod
 Other quantized types (K-quants, ...) have no kernel here: they are dequantized to the
 model dtype, and :class:`QuantizationPlan` names them. ``quantization="none"`` dequantizes
 everything, as does a CUDA device (the kernels are CPU code) or a machine where the
-kernels cannot be built (the plan says why).
+kernels cannot be built (the plan says why). ``quantization="gguf"`` is ``auto`` that
+refuses to fall back: a model that is not a GGUF file, has no Q4_0/Q4_1/Q8_0 tensor, or a
+device or machine where the kernels cannot run is an error saying which.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ import torch
 
 from vlite.kernels.native import BLOCK_BYTES, BLOCK_VALUES, gguf_block_kernels, unavailable_reason
 
-#: Values of the ``quantization`` setting.
-QUANTIZATION_CHOICES = ("auto", "none")
+#: Values of the ``quantization`` setting: ``auto`` keeps what it can, ``gguf`` insists
+#: (an error where nothing can be kept), ``none`` dequantizes everything.
+QUANTIZATION_CHOICES = ("auto", "gguf", "none")
 #: GGUF tensor types the kernels multiply by without dequantizing.
 KERNEL_TYPES = frozenset(BLOCK_BYTES)
 #: Types that hold plain floats: never "quantized".
@@ -121,7 +124,7 @@ class QuantizationPlan:
     """What ``quantization`` means for one model on one device.
 
     Attributes:
-        setting: the ``quantization`` setting (``"auto"`` or ``"none"``).
+        setting: the ``quantization`` setting (``"auto"``, ``"gguf"`` or ``"none"``).
         kept: GGUF tensor type -> how many tensors stay block-quantized.
         dequantized: quantized GGUF type -> how many tensors are dequantized to the dtype.
         reason: why no tensor is kept, when none is.
@@ -154,18 +157,30 @@ def plan_quantization(setting: str, gguf_tensor_types: list[str] | None, device:
     """The :class:`QuantizationPlan` for a model whose tensors have ``gguf_tensor_types``.
 
     Args:
-        setting: ``"auto"`` or ``"none"``.
+        setting: ``"auto"``, ``"gguf"`` or ``"none"``.
         gguf_tensor_types: the GGUF type name of every tensor, or ``None`` for a model
             that is not a GGUF file.
         device: the engine's ``torch.device``.
 
     Raises:
-        ValueError: an unknown ``setting`` (the message lists the allowed values).
+        ValueError: an unknown ``setting`` (the message lists the allowed values), or
+            ``"gguf"`` where no weight can stay quantized (the message says why).
     """
     if setting not in QUANTIZATION_CHOICES:
         raise ValueError(
             f"quantization={setting!r} is not supported; choose one of {QUANTIZATION_CHOICES}"
         )
+    plan = _plan(setting, gguf_tensor_types, device)
+    if setting == "gguf" and not plan.kept:
+        raise ValueError(
+            f"quantization='gguf' keeps a GGUF file's Q4_0/Q4_1/Q8_0 weights, but here none "
+            f"can be kept: {plan.reason}; use quantization='auto' (keep what can be kept) or "
+            "'none'"
+        )
+    return plan
+
+
+def _plan(setting: str, gguf_tensor_types: list[str] | None, device: Any) -> QuantizationPlan:
     if gguf_tensor_types is None:
         return QuantizationPlan(setting, reason="not a GGUF file")
     quantized = Counter(t for t in gguf_tensor_types if t not in _FLOAT_TYPES)
@@ -182,4 +197,5 @@ def plan_quantization(setting: str, gguf_tensor_types: list[str] | None, device:
         return QuantizationPlan(setting, dequantized=dict(quantized), reason=why_not)
     kept = {name: n for name, n in quantized.items() if name in KERNEL_TYPES}
     other = {name: n for name, n in quantized.items() if name not in KERNEL_TYPES}
-    return QuantizationPlan(setting, kept=kept, dequantized=other)
+    reason = None if kept else f"no tensor of a type with a kernel ({', '.join(sorted(other))})"
+    return QuantizationPlan(setting, kept=kept, dequantized=other, reason=reason)
