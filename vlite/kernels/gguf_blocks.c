@@ -19,6 +19,7 @@
  * caller passes the thread count (PyTorch's intra-op setting).
  */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__AVX512F__)
@@ -226,13 +227,105 @@ static void rows_range(int qtype, const float *x, int64_t M, int64_t K, const ui
 
 #endif
 
+#if defined(__AVX512F__)
+
+/*
+ * Many rows of x (a prefill, a large batch): an outer-product GEMM. x is transposed once
+ * into xt [K, Mp] (Mp = M rounded up to 32, zero-padded); each thread dequantizes PANEL
+ * rows of W into a float32 buffer, then for each 32-column strip of xt accumulates a
+ * PANEL x 32 tile of y^T in registers, one broadcast weight times two vectors of x per
+ * FMA pair. Columns of xt are taken in blocks of MB so a block stays in the core's L2.
+ */
+#define PANEL 6
+#define MB 128
+
+static void gemm_panel(const float *wbuf, int64_t K, const float *xt, int64_t Mp, int64_t m0,
+                       int64_t m1, int64_t M, int64_t n0, int64_t rows, int64_t N, float *y) {
+    for (int64_t m = m0; m < m1; m += 32) {
+        __m512 acc[PANEL][2];
+        for (int r = 0; r < PANEL; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+        const float *col = xt + m;
+        for (int64_t k = 0; k < K; k++) {
+            const __m512 b0 = _mm512_loadu_ps(col + k * Mp);
+            const __m512 b1 = _mm512_loadu_ps(col + k * Mp + 16);
+            for (int r = 0; r < PANEL; r++) {
+                const __m512 a = _mm512_set1_ps(wbuf[r * K + k]);
+                acc[r][0] = _mm512_fmadd_ps(a, b0, acc[r][0]);
+                acc[r][1] = _mm512_fmadd_ps(a, b1, acc[r][1]);
+            }
+        }
+        float tile[PANEL][32];
+        for (int r = 0; r < PANEL; r++) {
+            _mm512_storeu_ps(tile[r], acc[r][0]);
+            _mm512_storeu_ps(tile[r] + 16, acc[r][1]);
+        }
+        const int64_t valid = M - m < 32 ? M - m : 32;
+        for (int64_t i = 0; i < valid; i++)
+            for (int64_t r = 0; r < rows; r++) y[(m + i) * N + n0 + r] = tile[r][i];
+    }
+}
+
+static void gemm(int qtype, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N,
+                 float *y, int num_threads) {
+    const int64_t bb = vl_block_bytes(qtype), row_bytes = (K / QK) * bb, nb = K / QK;
+    const int64_t Mp = (M + 31) / 32 * 32;
+    float *xt = aligned_alloc(64, (size_t)(K * Mp * sizeof(float)));
+    /* The transpose in 32 x 32 tiles, so reads and writes both stay in cache. */
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t k0 = 0; k0 < K; k0 += 32) {
+        for (int64_t m0 = 0; m0 < Mp; m0 += 32)
+            for (int64_t k = k0; k < k0 + 32; k++)
+                for (int64_t m = m0; m < m0 + 32; m++)
+                    xt[k * Mp + m] = m < M ? x[m * K + k] : 0.0f;
+    }
+    const int64_t num_panels = (N + PANEL - 1) / PANEL;
+#pragma omp parallel num_threads(num_threads)
+    {
+        float *wbuf = aligned_alloc(64, (size_t)(PANEL * K * sizeof(float)));
+        for (int64_t m0 = 0; m0 < Mp; m0 += MB) {
+            const int64_t m1 = m0 + MB < Mp ? m0 + MB : Mp;
+#pragma omp for schedule(static)
+            for (int64_t p = 0; p < num_panels; p++) {
+                const int64_t n0 = p * PANEL, rows = N - n0 < PANEL ? N - n0 : PANEL;
+                for (int64_t r = 0; r < PANEL; r++) {
+                    float *dst = wbuf + r * K;
+                    if (r >= rows) {
+                        memset(dst, 0, (size_t)K * sizeof(float));
+                        continue;
+                    }
+                    for (int64_t b = 0; b < nb; b++) {
+                        __m512 lo, hi;
+                        load_block(qtype, w + (n0 + r) * row_bytes + b * bb, &lo, &hi);
+                        _mm512_storeu_ps(dst + b * QK, lo);
+                        _mm512_storeu_ps(dst + b * QK + 16, hi);
+                    }
+                }
+                gemm_panel(wbuf, K, xt, Mp, m0, m1, M, n0, rows, N, y);
+            }
+        }
+        free(wbuf);
+    }
+    free(xt);
+}
+
+#endif
+
 /*
  * y[M, N] = x[M, K] @ W[N, K]^T with W block-quantized (qtype), K a multiple of 32.
- * Rows of W are split over the threads in chunks of `chunk` rows; every thread walks all
- * M rows of x for its chunk, so each weight block is read from memory once.
+ * Few rows of x (decode): rows of W are split over the threads in chunks of `chunk` rows;
+ * every thread walks all M rows of x for its chunk, so each weight block is read from
+ * memory once. Many rows (GEMM_MIN_ROWS or more): the outer-product GEMM above.
  */
+#define GEMM_MIN_ROWS 16
+
 void vl_matmul(int qtype, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N,
                float *y, int num_threads) {
+#if defined(__AVX512F__)
+    if (M >= GEMM_MIN_ROWS) {
+        gemm(qtype, x, M, K, w, N, y, num_threads);
+        return;
+    }
+#endif
     const int64_t chunk = 16;
     const int64_t num_chunks = (N + chunk - 1) / chunk;
 #pragma omp parallel for schedule(static) num_threads(num_threads)
