@@ -216,6 +216,20 @@ def vlite_engines(args: argparse.Namespace) -> list[Engine]:
     return engines
 
 
+def engines_for(names: list[str], args: argparse.Namespace) -> list[Engine]:
+    """The engines to run for ``names``: vlite expands into its variants; variants alone
+    (vlite itself not named) still run."""
+    engines: list[Engine] = []
+    for name in names:
+        if name == REFERENCE_ENGINE:
+            engines.extend(vlite_engines(args))
+        else:
+            engines.append(Engine(name, name))
+    if args.vlite_variant and REFERENCE_ENGINE not in names:
+        engines = vlite_engines(args)[1:] + engines
+    return engines
+
+
 def setting_flags(items: list[str]) -> tuple[str, ...]:
     return tuple(flag for item in items for flag in ("--vlite-setting", item))
 

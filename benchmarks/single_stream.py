@@ -228,15 +228,7 @@ def chosen_engines(args: argparse.Namespace) -> list[str]:
 
 
 def engines_to_run(names: list[str], args: argparse.Namespace) -> list[harness.Engine]:
-    engines: list[harness.Engine] = []
-    for name in names:
-        if name == harness.REFERENCE_ENGINE:
-            engines.extend(harness.vlite_engines(args))
-        else:
-            engines.append(harness.Engine(name, name))
-    if args.vlite_variant and harness.REFERENCE_ENGINE not in names:
-        engines = harness.vlite_engines(args)[1:] + engines
-    return engines
+    return harness.engines_for(names, args)
 
 
 def main() -> None:

@@ -282,15 +282,7 @@ WORKERS: dict[str, harness.WorkerFunction] = {
 
 def engines_to_run(args: argparse.Namespace) -> list[harness.Engine]:
     names = [n for n in args.engines if not (args.skip_continuous and n == CONTINUOUS)]
-    engines: list[harness.Engine] = []
-    for name in names:
-        if name == harness.REFERENCE_ENGINE:
-            engines.extend(harness.vlite_engines(args))
-        else:
-            engines.append(harness.Engine(name, name))
-    if args.vlite_variant and harness.REFERENCE_ENGINE not in names:
-        engines = harness.vlite_engines(args)[1:] + engines
-    return engines
+    return harness.engines_for(names, args)
 
 
 def peer_folder(model: str | None) -> Path:

@@ -114,10 +114,6 @@ class QuantizedMatrix:
             BlockQuantizedTensor(self.qtype, self.blocks[start : start + length], self.in_features)
         )
 
-    @property
-    def nbytes(self) -> int:
-        return self.blocks.numel()
-
 
 @dataclass(frozen=True)
 class QuantizationPlan:

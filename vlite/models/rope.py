@@ -135,9 +135,8 @@ class RotaryEmbedding(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate ``query`` ``[T, num_heads, head_dim]`` and ``key`` ``[T, num_kv_heads,
         head_dim]`` by ``positions`` ``[T]``; returns new tensors of the same shapes."""
-        cos = self.cos_cache[positions].to(query.dtype).unsqueeze(1)  # [T, 1, head_dim // 2]
-        sin = self.sin_cache[positions].to(query.dtype).unsqueeze(1)
-        return _rotate(query, cos, sin), _rotate(key, cos, sin)
+        rotation = StepRotation(self, positions, query.dtype)
+        return rotation.rotate(query), rotation.rotate(key)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
