@@ -38,14 +38,15 @@ def test_dequantize_equals_gguf_py_exactly(qtype):
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_the_product_uses_exactly_the_dequantized_values(qtype):
     # x = I picks single weights out: any rounding of a dequantized value would show.
-    # 96 rows exercise the 4-row tiles, 50 output rows the 2- and 1-row remainders.
+    # 96 rows of x are three strips of the blocked GEMM; 50 output rows end in a part panel.
     tensor, reference = quantized(qtype, 50, 96)
     product = gguf_block_kernels().matmul(qtype, torch.eye(96), tensor.blocks, 50)
     assert torch.equal(product, reference.T)
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
-@pytest.mark.parametrize("num_rows", [1, 2, 3, 5, 9])
+# 1-9 rows: the decode tiles; 33 and 70: GEMM strips of 32 plus rows left to the tiles.
+@pytest.mark.parametrize("num_rows", [1, 2, 3, 5, 9, 33, 70])
 def test_products_match_float64(qtype, num_rows):
     tensor, reference = quantized(qtype, 37, 160, seed=num_rows)
     x = torch.randn(num_rows, 160, generator=torch.Generator().manual_seed(1))

@@ -230,60 +230,67 @@ static void rows_range(int qtype, const float *x, int64_t M, int64_t K, const ui
 #if defined(__AVX512F__)
 
 /*
- * Many rows of x (a prefill, a large batch): an outer-product GEMM. x is transposed once
- * into xt [K, Mp] (Mp = M rounded up to 32, zero-padded); each thread dequantizes PANEL
- * rows of W into a float32 buffer, then for each 32-column strip of xt accumulates a
- * PANEL x 32 tile of y^T in registers, one broadcast weight times two vectors of x per
- * FMA pair. Columns of xt are taken in blocks of MB so a block stays in the core's L2.
+ * Many rows of x (a prefill, a large batch): an outer-product GEMM on whole strips of 32
+ * rows of x. Each strip is packed once, transposed, into a contiguous [K, 32] panel of xs
+ * (so the inner loop walks memory in order: no page-sized strides, no TLB misses on long
+ * prefills); each thread dequantizes PANEL rows of W into a float32 buffer, then for each
+ * strip accumulates a PANEL x 32 tile of y^T in registers, one broadcast weight times two
+ * vectors of x per FMA pair. Strips are taken STRIPS_PER_PASS at a time so the packed x of
+ * a pass stays in the core's L2 while every panel of W goes over it.
  */
 #define PANEL 6
-#define MB 128
+#define STRIP 32
+#define STRIPS_PER_PASS 4
 
-static void gemm_panel(const float *wbuf, int64_t K, const float *xt, int64_t Mp, int64_t m0,
-                       int64_t m1, int64_t M, int64_t n0, int64_t rows, int64_t N, float *y) {
-    for (int64_t m = m0; m < m1; m += 32) {
+static void gemm_panel(const float *wbuf, int64_t K, const float *xs, int64_t s0, int64_t s1,
+                       int64_t n0, int64_t rows, int64_t N, float *y) {
+    for (int64_t strip = s0; strip < s1; strip++) {
         __m512 acc[PANEL][2];
         for (int r = 0; r < PANEL; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-        const float *col = xt + m;
+        const float *col = xs + strip * K * STRIP;
         for (int64_t k = 0; k < K; k++) {
-            const __m512 b0 = _mm512_loadu_ps(col + k * Mp);
-            const __m512 b1 = _mm512_loadu_ps(col + k * Mp + 16);
+            const __m512 b0 = _mm512_load_ps(col + k * STRIP);
+            const __m512 b1 = _mm512_load_ps(col + k * STRIP + 16);
             for (int r = 0; r < PANEL; r++) {
                 const __m512 a = _mm512_set1_ps(wbuf[r * K + k]);
                 acc[r][0] = _mm512_fmadd_ps(a, b0, acc[r][0]);
                 acc[r][1] = _mm512_fmadd_ps(a, b1, acc[r][1]);
             }
         }
-        float tile[PANEL][32];
+        float tile[PANEL][STRIP];
         for (int r = 0; r < PANEL; r++) {
             _mm512_storeu_ps(tile[r], acc[r][0]);
             _mm512_storeu_ps(tile[r] + 16, acc[r][1]);
         }
-        const int64_t valid = M - m < 32 ? M - m : 32;
-        for (int64_t i = 0; i < valid; i++)
-            for (int64_t r = 0; r < rows; r++) y[(m + i) * N + n0 + r] = tile[r][i];
+        float *out = y + strip * STRIP * N + n0;
+        for (int64_t i = 0; i < STRIP; i++)
+            for (int64_t r = 0; r < rows; r++) out[i * N + r] = tile[r][i];
     }
 }
 
+/* M is a multiple of STRIP. */
 static void gemm(int qtype, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N,
                  float *y, int num_threads) {
     const int64_t bb = vl_block_bytes(qtype), row_bytes = (K / QK) * bb, nb = K / QK;
-    const int64_t Mp = (M + 31) / 32 * 32;
-    float *xt = aligned_alloc(64, (size_t)(K * Mp * sizeof(float)));
-    /* The transpose in 32 x 32 tiles, so reads and writes both stay in cache. */
-#pragma omp parallel for schedule(static) num_threads(num_threads)
-    for (int64_t k0 = 0; k0 < K; k0 += 32) {
-        for (int64_t m0 = 0; m0 < Mp; m0 += 32)
+    const int64_t num_strips = M / STRIP;
+    float *xs = aligned_alloc(64, (size_t)(K * M * sizeof(float)));
+    /* Pack: xs[strip][k][i] = x[strip * 32 + i][k], in 32 x 32 tiles so reads and writes
+     * both stay in cache. */
+#pragma omp parallel for collapse(2) schedule(static) num_threads(num_threads)
+    for (int64_t strip = 0; strip < num_strips; strip++)
+        for (int64_t k0 = 0; k0 < K; k0 += 32) {
+            float *dst = xs + strip * K * STRIP;
+            const float *src = x + strip * STRIP * K;
             for (int64_t k = k0; k < k0 + 32; k++)
-                for (int64_t m = m0; m < m0 + 32; m++)
-                    xt[k * Mp + m] = m < M ? x[m * K + k] : 0.0f;
-    }
+                for (int64_t i = 0; i < STRIP; i++) dst[k * STRIP + i] = src[i * K + k];
+        }
     const int64_t num_panels = (N + PANEL - 1) / PANEL;
 #pragma omp parallel num_threads(num_threads)
     {
         float *wbuf = aligned_alloc(64, (size_t)(PANEL * K * sizeof(float)));
-        for (int64_t m0 = 0; m0 < Mp; m0 += MB) {
-            const int64_t m1 = m0 + MB < Mp ? m0 + MB : Mp;
+        for (int64_t s0 = 0; s0 < num_strips; s0 += STRIPS_PER_PASS) {
+            const int64_t s1 = s0 + STRIPS_PER_PASS < num_strips ? s0 + STRIPS_PER_PASS
+                                                                 : num_strips;
 #pragma omp for schedule(static)
             for (int64_t p = 0; p < num_panels; p++) {
                 const int64_t n0 = p * PANEL, rows = N - n0 < PANEL ? N - n0 : PANEL;
@@ -300,30 +307,33 @@ static void gemm(int qtype, const float *x, int64_t M, int64_t K, const uint8_t 
                         _mm512_storeu_ps(dst + b * QK + 16, hi);
                     }
                 }
-                gemm_panel(wbuf, K, xt, Mp, m0, m1, M, n0, rows, N, y);
+                gemm_panel(wbuf, K, xs, s0, s1, n0, rows, N, y);
             }
         }
         free(wbuf);
     }
-    free(xt);
+    free(xs);
 }
 
 #endif
 
 /*
  * y[M, N] = x[M, K] @ W[N, K]^T with W block-quantized (qtype), K a multiple of 32.
- * Few rows of x (decode): rows of W are split over the threads in chunks of `chunk` rows;
- * every thread walks all M rows of x for its chunk, so each weight block is read from
- * memory once. Many rows (GEMM_MIN_ROWS or more): the outer-product GEMM above.
+ * Whole 32-row strips of x go to the blocked GEMM above; the rows left over (all of them
+ * for a decode of fewer than 32 sequences) go to the tiles, with no padding: rows of W are
+ * split over the threads in chunks of `chunk` rows, and every thread walks those rows of x
+ * for its chunk, so each weight block is read from memory once.
  */
-#define GEMM_MIN_ROWS 16
-
 void vl_matmul(int qtype, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N,
                float *y, int num_threads) {
 #if defined(__AVX512F__)
-    if (M >= GEMM_MIN_ROWS) {
-        gemm(qtype, x, M, K, w, N, y, num_threads);
-        return;
+    const int64_t gemm_rows = M / STRIP * STRIP;
+    if (gemm_rows > 0) {
+        gemm(qtype, x, gemm_rows, K, w, N, y, num_threads);
+        x += gemm_rows * K;
+        y += gemm_rows * N;
+        M -= gemm_rows;
+        if (M == 0) return;
     }
 #endif
     const int64_t chunk = 16;

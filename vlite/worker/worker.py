@@ -13,6 +13,7 @@ from vlite.core.plugins import PluginRegistry
 from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vlite.models.loader import build_model
 from vlite.models.spec import ModelSpec
+from vlite.worker.cpu_memory import reuse_freed_memory
 from vlite.worker.cpu_threads import (
     ThreadGovernor,
     read_cpu_times,
@@ -51,6 +52,8 @@ class Worker:
         self.model_spec = ModelSpec.from_config(config)
         #: Adapts the CPU thread count to other processes' load (``cpu_threads`` unset).
         self.thread_governor: ThreadGovernor | None = None
+        if self.device.type == "cpu":
+            reuse_freed_memory()
         if self.device.type == "cpu" and not tp_group.is_parallel:
             # Multiproc workers get their count from the executor (split over ranks).
             num_threads = resolve_cpu_threads(config.cpu_threads)

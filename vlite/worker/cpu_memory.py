@@ -1,0 +1,51 @@
+"""Keep freed memory for reuse instead of handing it back to the OS after every op.
+
+A prefill of a few thousand tokens allocates activations of tens of megabytes per op
+(the default model's gate/up product for 4,352 tokens is 53 MB). glibc serves allocations
+that large with a fresh ``mmap`` and unmaps them on free, so every such op first takes a
+page fault per 4 KiB of its output: 17 ms of the kernel zeroing pages for that one 53 MB
+tensor, on this project's development machine, against 0.7 ms to write it once mapped. On
+the batched benchmark that was a sixth of the wall time.
+
+:func:`reuse_freed_memory` tells glibc's allocator (``mallopt``) to serve every
+allocation from its heap and to keep up to :data:`KEPT_FREE_BYTES` of freed memory at the
+heap's top: after the first step the same pages are reused. The process's resident size
+stays at its peak instead of shrinking between steps. Other C libraries are left alone.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+
+#: glibc's ``mallopt`` parameter numbers (malloc.h).
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_MAX = -4
+
+#: Free memory at the heap's top kept for reuse, in bytes (the rest goes back to the OS).
+KEPT_FREE_BYTES = 1 << 30
+
+
+def _glibc() -> ctypes.CDLL | None:
+    """The running glibc, or None where the C library is another one."""
+    try:
+        if not os.confstr("CS_GNU_LIBC_VERSION"):
+            return None
+    except (AttributeError, ValueError, OSError):
+        return None
+    name = ctypes.util.find_library("c") or "libc.so.6"
+    try:
+        return ctypes.CDLL(name)
+    except OSError:
+        return None
+
+
+def reuse_freed_memory() -> bool:
+    """Make glibc keep freed memory for reuse; returns whether the settings took."""
+    libc = _glibc()
+    if libc is None or not hasattr(libc, "mallopt"):
+        return False
+    kept = libc.mallopt(_M_TRIM_THRESHOLD, KEPT_FREE_BYTES)
+    heap_only = libc.mallopt(_M_MMAP_MAX, 0)
+    return bool(kept and heap_only)
