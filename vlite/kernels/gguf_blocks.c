@@ -190,6 +190,7 @@ static void rows_range(int qtype, const float *x, int64_t M, int64_t K, const ui
     int64_t m = 0;
     for (; m + 4 <= M; m += 4) {
         int64_t n = n0;
+        for (; n + 4 <= n1; n += 4) TILE(4, 4);
         for (; n + 2 <= n1; n += 2) TILE(4, 2);
         for (; n < n1; n++) TILE(4, 1);
     }

@@ -9,9 +9,11 @@
  * seq_lens[s] - query_len + (t - query_start_loc[s]) and sees keys 0 .. position.
  *
  * Work item = (token, KV head): the query heads that share the KV head are done together,
- * with an online softmax that is rescaled once per cache block; the block's exponentials are
- * computed 16 at a time where AVX-512 is available (a degree-7 polynomial, within 1e-8
- * relative of expf), one by one with expf elsewhere.
+ * with an online softmax that is rescaled once per group of keys. With AVX-512 and a head
+ * size of 32, 64 or 128 (attend16), keys go 16 at a time: their 16 scores are summed into one
+ * vector by a transposing tree of shuffles, the exponentials are a degree-7 polynomial
+ * (within 1e-8 relative of expf) on that vector, and the head's output accumulator stays in
+ * registers. Elsewhere (attend) keys go one cache block at a time with scalar dot products.
  */
 #include <math.h>
 #include <stdint.h>
@@ -56,6 +58,105 @@ static inline float exp_shifted(float *s, int64_t n, float shift) {
         total = _mm512_add_ps(total, _mm512_maskz_mov_ps(mask, e));
     }
     return _mm512_reduce_add_ps(total);
+}
+/* r[j] = the sum of the 16 lanes of v[j], for j < 16: a transposing tree of in-lane
+ * unpacks and cross-lane shuffles, about three instructions per sum instead of a full
+ * horizontal reduction for each. */
+static inline __m512 lane_sums16(const __m512 v[16]) {
+    __m512 pairs[8], quads[4];
+    for (int i = 0; i < 8; i++) /* 128-bit lane L: [v2i, v2i+1, v2i, v2i+1] partial sums */
+        pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                                 _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++) { /* lane L: v4i .. v4i+3, each summed over lane L */
+        const __m512d x = _mm512_castps_pd(pairs[2 * i]), y = _mm512_castps_pd(pairs[2 * i + 1]);
+        quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                                 _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    /* Fold the four lanes of quads[i] into lane i of the result. */
+    const __m512 q01 = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], 0x88),
+                                     _mm512_shuffle_f32x4(quads[0], quads[1], 0xDD));
+    const __m512 q23 = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], 0x88),
+                                     _mm512_shuffle_f32x4(quads[2], quads[3], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(q01, q23, 0x88), _mm512_shuffle_f32x4(q01, q23, 0xDD));
+}
+
+/*
+ * attend() for head_dim = 16 * DV: keys are taken 16 at a time (a block size is a multiple
+ * of 16), their 16 scores come out of one lane_sums16 in one vector, softmax runs on that
+ * vector, and the head's accumulator stays in registers while the 16 values are added
+ * (two interleaved sets, so the additions are not one long dependency chain).
+ */
+static inline __attribute__((always_inline)) void attend16(
+    const int DV, const float *q, int64_t q_tok_stride, int64_t q_head_stride, int64_t t,
+    int64_t g, int64_t position, const int32_t *table, const float *k_cache,
+    const float *v_cache, int64_t Hkv, int64_t group, int64_t block_size, float scale,
+    float *out) {
+    const int64_t D = 16 * DV, row = Hkv * D; /* floats from one cache slot to the next */
+    float acc[MAX_GROUP_VALUES] __attribute__((aligned(64)));
+    float running_max[64], running_sum[64];
+    memset(acc, 0, sizeof(float) * group * D);
+    for (int64_t h = 0; h < group; h++) {
+        running_max[h] = -INFINITY;
+        running_sum[h] = 0.0f;
+    }
+    const __m512 scale16 = _mm512_set1_ps(scale);
+    const int64_t num_keys = position + 1;
+    for (int64_t first = 0; first < num_keys; first += 16) {
+        const int64_t n = num_keys - first < 16 ? num_keys - first : 16;
+        const __mmask16 valid = n == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+        const int64_t slot = (int64_t)table[first / block_size] * block_size + first % block_size;
+        const float *keys = k_cache + slot * row + g * D, *values = v_cache + slot * row + g * D;
+        for (int64_t h = 0; h < group; h++) {
+            const float *qh = q + t * q_tok_stride + (g * group + h) * q_head_stride;
+            __m512 qv[DV], partial[16];
+            for (int c = 0; c < DV; c++) qv[c] = _mm512_loadu_ps(qh + 16 * c);
+            for (int j = 0; j < 16; j++) {
+                partial[j] = _mm512_setzero_ps();
+                if (j < n)
+                    for (int c = 0; c < DV; c++)
+                        partial[j] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(keys + j * row + 16 * c),
+                                                     partial[j]);
+            }
+            const __m512 scores = _mm512_mask_mov_ps(
+                _mm512_set1_ps(-INFINITY), valid, _mm512_mul_ps(lane_sums16(partial), scale16));
+            const float tile_max = _mm512_reduce_max_ps(scores);
+            const float new_max = tile_max > running_max[h] ? tile_max : running_max[h];
+            const float correction = expf(running_max[h] - new_max);
+            running_max[h] = new_max;
+            const __m512 p = _mm512_maskz_mov_ps(
+                valid, exp16(_mm512_sub_ps(scores, _mm512_set1_ps(new_max))));
+            running_sum[h] = running_sum[h] * correction + _mm512_reduce_add_ps(p);
+            float weight[16];
+            _mm512_storeu_ps(weight, p);
+            float *a = acc + h * D;
+            __m512 even[DV], odd[DV];
+            for (int c = 0; c < DV; c++) {
+                even[c] = _mm512_mul_ps(_mm512_load_ps(a + 16 * c), _mm512_set1_ps(correction));
+                odd[c] = _mm512_setzero_ps();
+            }
+            int64_t j = 0;
+            for (; j + 2 <= n; j += 2) {
+                const __m512 w0 = _mm512_set1_ps(weight[j]), w1 = _mm512_set1_ps(weight[j + 1]);
+                for (int c = 0; c < DV; c++) {
+                    even[c] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(values + j * row + 16 * c), even[c]);
+                    odd[c] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(values + (j + 1) * row + 16 * c),
+                                             odd[c]);
+                }
+            }
+            if (j < n) {
+                const __m512 w0 = _mm512_set1_ps(weight[j]);
+                for (int c = 0; c < DV; c++)
+                    even[c] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(values + j * row + 16 * c), even[c]);
+            }
+            for (int c = 0; c < DV; c++) _mm512_store_ps(a + 16 * c, _mm512_add_ps(even[c], odd[c]));
+        }
+    }
+    for (int64_t h = 0; h < group; h++) {
+        const __m512 inv = _mm512_set1_ps(1.0f / running_sum[h]);
+        float *o = out + (t * Hkv * group + g * group + h) * D;
+        for (int c = 0; c < DV; c++)
+            _mm512_storeu_ps(o + 16 * c, _mm512_mul_ps(_mm512_load_ps(acc + h * D + 16 * c), inv));
+    }
 }
 #else
 static inline float exp_shifted(float *s, int64_t n, float shift) {
@@ -126,6 +227,26 @@ static void attend(const float *q, int64_t q_tok_stride, int64_t q_head_stride, 
     }
 }
 
+/* attend16 for the head sizes models use (64, 128, ...), attend for the rest. */
+static void attend_any(const float *q, int64_t q_tok_stride, int64_t q_head_stride, int64_t t,
+                       int64_t g, int64_t position, const int32_t *table, const float *k_cache,
+                       const float *v_cache, int64_t Hkv, int64_t group, int64_t D,
+                       int64_t block_size, float scale, float *out) {
+#if defined(__AVX512F__)
+#define ATTEND16(DV)                                                                         \
+    attend16(DV, q, q_tok_stride, q_head_stride, t, g, position, table, k_cache, v_cache, Hkv, \
+             group, block_size, scale, out)
+    if (block_size % 16 == 0) switch (D) {
+            case 32: ATTEND16(2); return;
+            case 64: ATTEND16(4); return;
+            case 128: ATTEND16(8); return;
+        }
+#undef ATTEND16
+#endif
+    attend(q, q_tok_stride, q_head_stride, t, g, position, table, k_cache, v_cache, Hkv, group,
+           D, block_size, scale, out);
+}
+
 /* Returns 0, or -1 when a shape exceeds the kernel's stack buffers. */
 int vl_paged_attention(const float *q, int64_t q_tok_stride, int64_t q_head_stride,
                        const float *k_new, int64_t k_tok_stride, int64_t k_head_stride,
@@ -151,9 +272,9 @@ int vl_paged_attention(const float *q, int64_t q_tok_stride, int64_t q_head_stri
 #pragma omp parallel for collapse(2) schedule(dynamic) num_threads(num_threads)
     for (int64_t t = 0; t < T; t++)
         for (int64_t g = 0; g < Hkv; g++)
-            attend(q, q_tok_stride, q_head_stride, t, g, position[t],
-                   block_tables + seq_of[t] * table_stride, k_cache, v_cache, Hkv, group, D,
-                   block_size, scale, out);
+            attend_any(q, q_tok_stride, q_head_stride, t, g, position[t],
+                       block_tables + seq_of[t] * table_stride, k_cache, v_cache, Hkv, group, D,
+                       block_size, scale, out);
     free(seq_of);
     return 0;
 }
