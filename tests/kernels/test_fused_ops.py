@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from vlite.kernels.native import fused_ops
@@ -46,3 +47,17 @@ def test_rope_without_native_ops_leaves_the_rows_alone():
     before = rows.clone()
     assert not StepRotation(rope, torch.tensor([1, 2]), torch.float32).rotate_rows_(rows, 2)
     assert torch.equal(rows, before)
+
+
+def test_silu_mul_matches_the_swiglu_formula():
+    gate_up = torch.randn(3, 2 * 40) * 6  # large gates too: silu's tails
+    gate, up = gate_up.chunk(2, dim=-1)
+    expected = torch.nn.functional.silu(gate) * up
+    torch.testing.assert_close(fused_ops().silu_mul(gate_up), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_silu_mul_refuses_a_gate_up_it_cannot_split():
+    with pytest.raises(ValueError, match=r"\[T, 2 \* I\]"):
+        fused_ops().silu_mul(torch.randn(3, 7))
+    with pytest.raises(TypeError, match="float32"):
+        fused_ops().silu_mul(torch.randn(3, 8, dtype=torch.float64))

@@ -49,3 +49,15 @@ void vl_rope(float *x, int64_t T, int64_t row_stride, int64_t num_heads, int64_t
         }
     }
 }
+
+/*
+ * SwiGLU's activation: out[t, i] = silu(gate) * up with gate = x[t, i] and
+ * up = x[t, width + i] (x[T, 2 * width], the fused gate/up product), silu(g) = g / (1 + e^-g).
+ */
+void vl_silu_mul(const float *x, int64_t T, int64_t width, float *out) {
+    for (int64_t t = 0; t < T; t++) {
+        const float *gate = x + t * 2 * width, *up = gate + width;
+        float *o = out + t * width;
+        for (int64_t i = 0; i < width; i++) o[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+    }
+}

@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -121,22 +122,37 @@ class GGUFBlockKernels:
 
     def matmul(self, qtype: str, x: torch.Tensor, blocks: torch.Tensor, out_features: int):
         """``x`` ``[M, K]`` float32 @ ``W^T`` -> ``[M, out_features]`` float32."""
-        x = x.contiguous()
-        num_rows, in_features = x.shape
-        _require(x, dtype=torch.float32)
+        return self.product(qtype, blocks, out_features, x.shape[-1])(x)
+
+    def product(
+        self, qtype: str, blocks: torch.Tensor, out_features: int, in_features: int
+    ) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``x -> x @ W^T`` for one weight matrix, checked once here rather than per call
+        (a decode step multiplies by every matrix; each check costs microseconds).
+
+        The function holds ``blocks`` and checks each ``x``: float32 CPU ``[M, K]``.
+        """
         _check_blocks(qtype, blocks, out_features, in_features)
-        out = torch.empty(num_rows, out_features, dtype=torch.float32)
-        self._lib.vl_matmul(
-            BLOCK_TYPES[qtype],
-            x.data_ptr(),
-            num_rows,
-            in_features,
-            blocks.data_ptr(),
-            out_features,
-            out.data_ptr(),
-            torch.get_num_threads(),
-        )
-        return out
+        call, code = self._lib.vl_matmul, BLOCK_TYPES[qtype]
+
+        def product(x: torch.Tensor) -> torch.Tensor:
+            if (
+                x.dtype != torch.float32
+                or x.device.type != "cpu"
+                or x.dim() != 2
+                or x.shape[1] != in_features
+            ):
+                raise ValueError(
+                    f"expected a CPU float32 [M, {in_features}] input, got {x.device.type} "
+                    f"{x.dtype} {list(x.shape)}"
+                )
+            x = x.contiguous()
+            out = torch.empty(x.shape[0], out_features, dtype=torch.float32)
+            call(code, x.data_ptr(), x.shape[0], in_features, blocks.data_ptr(), out_features,
+                 out.data_ptr(), torch.get_num_threads())  # fmt: skip
+            return out
+
+        return product
 
     def dequantize(self, qtype: str, blocks: torch.Tensor, in_features: int) -> torch.Tensor:
         """The whole matrix ``[N, in_features]`` as float32."""
@@ -181,7 +197,8 @@ class FusedOps:
         ptr, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
         lib.vl_add_rmsnorm.argtypes = [ptr, ptr, ptr, i64, i64, f32, ptr]
         lib.vl_rope.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, ptr]
-        lib.vl_add_rmsnorm.restype = lib.vl_rope.restype = None
+        lib.vl_silu_mul.argtypes = [ptr, i64, i64, ptr]
+        lib.vl_add_rmsnorm.restype = lib.vl_rope.restype = lib.vl_silu_mul.restype = None
         self._lib = lib
 
     def add_rmsnorm(
@@ -202,6 +219,17 @@ class FusedOps:
             eps,
             out.data_ptr(),
         )
+        return out
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """SwiGLU's ``silu(gate) * up`` of the fused product ``gate_up`` ``[T, 2 * I]``
+        (gate first, contiguous float32) -> ``[T, I]``."""
+        _require(gate_up, dtype=torch.float32)
+        if gate_up.dim() != 2 or gate_up.shape[1] % 2 or not gate_up.is_contiguous():
+            raise ValueError(f"expected a contiguous [T, 2 * I] tensor, got {list(gate_up.shape)}")
+        num_tokens, width = gate_up.shape[0], gate_up.shape[1] // 2
+        out = torch.empty(num_tokens, width, dtype=torch.float32)
+        self._lib.vl_silu_mul(gate_up.data_ptr(), num_tokens, width, out.data_ptr())
         return out
 
     def rope_(
@@ -240,64 +268,70 @@ class PagedAttentionKernel:
         lib.vl_paged_attention.restype = i32
         self._lib = lib
 
-    def __call__(
+    def step(
         self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        key_cache: torch.Tensor,
-        value_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
         block_tables: torch.Tensor,
         seq_lens: torch.Tensor,
         query_start_loc: torch.Tensor,
         scale: float,
-    ) -> torch.Tensor:
-        """Write ``key``/``value`` ``[T, Hkv, D]`` at ``slot_mapping``, then attend.
+    ) -> Callable[..., torch.Tensor]:
+        """The attention of one step, for every layer: the step's cache layout is checked
+        once here, and each layer's call then checks only its own tensors.
 
-        ``query`` ``[T, H, D]`` (any token/head strides, unit stride within a head);
-        caches ``[num_blocks, block_size, Hkv, D]`` contiguous; ``block_tables``
-        ``[S, B]``, ``seq_lens`` ``[S]`` and ``query_start_loc`` ``[S + 1]`` int32.
-        Returns ``[T, H, D]``.
+        ``slot_mapping`` ``[T]`` int64; ``block_tables`` ``[S, B]``, ``seq_lens`` ``[S]``
+        and ``query_start_loc`` ``[S + 1]`` int32. The function takes ``query``
+        ``[T, H, D]``, ``key`` and ``value`` ``[T, Hkv, D]`` (any token/head strides, unit
+        stride within a head) and ``kv_cache`` ``[2, num_blocks, block_size, Hkv, D]``
+        (contiguous), writes the keys and values at ``slot_mapping``, attends and returns
+        ``[T, H, D]``.
         """
-        num_tokens, num_heads, head_dim = query.shape
-        num_kv_heads = key.shape[1]
-        _require(query, key, value, key_cache, value_cache, dtype=torch.float32)
         _require(block_tables, seq_lens, query_start_loc, dtype=torch.int32)
         _require(slot_mapping, dtype=torch.int64)
-        if not (key_cache.is_contiguous() and value_cache.is_contiguous()):
-            raise ValueError("paged attention needs contiguous key and value caches")
-        if any(t.stride(-1) != 1 for t in (query, key, value)):
-            raise ValueError("paged attention needs unit stride within each head")
-        out = torch.empty(num_tokens, num_heads, head_dim, dtype=torch.float32)
-        block_tables = block_tables.contiguous()
-        seq_lens, query_start_loc = seq_lens.contiguous(), query_start_loc.contiguous()
-        slot_mapping = slot_mapping.contiguous()
-        status = self._lib.vl_paged_attention(
-            *(arg for t in (query, key, value) for arg in (t.data_ptr(), *t.stride()[:2])),
-            slot_mapping.data_ptr(),
-            num_tokens,
-            key_cache.data_ptr(),
-            value_cache.data_ptr(),
-            block_tables.data_ptr(),
-            block_tables.stride(0),
-            seq_lens.data_ptr(),
-            query_start_loc.data_ptr(),
-            seq_lens.shape[0],
-            num_heads,
-            num_kv_heads,
-            head_dim,
-            key_cache.shape[1],
-            scale,
-            out.data_ptr(),
-            torch.get_num_threads(),
-        )
-        if status != 0:
-            raise RuntimeError(
-                f"paged attention kernel refused the shape (heads {num_heads}/{num_kv_heads}, "
-                f"head dim {head_dim}, block size {key_cache.shape[1]})"
+        num_tokens, num_seqs = slot_mapping.shape[0], seq_lens.shape[0]
+        if query_start_loc.shape[0] != num_seqs + 1 or block_tables.shape[0] != num_seqs:
+            raise ValueError(
+                f"{num_seqs} sequences need query_start_loc [{num_seqs + 1}] and block_tables "
+                f"[{num_seqs}, B]; got {list(query_start_loc.shape)} and "
+                f"{list(block_tables.shape)}"
             )
-        return out
+        block_tables, seq_lens = block_tables.contiguous(), seq_lens.contiguous()
+        query_start_loc, slot_mapping = query_start_loc.contiguous(), slot_mapping.contiguous()
+        call = self._lib.vl_paged_attention
+
+        def attend(
+            query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor
+        ) -> torch.Tensor:
+            _, num_heads, head_dim = query.shape
+            num_kv_heads = key.shape[1]
+            _require(query, key, value, kv_cache, dtype=torch.float32)
+            if query.shape[0] != num_tokens or key.shape[0] != num_tokens:
+                raise ValueError(f"expected {num_tokens} tokens, got {query.shape[0]}")
+            if kv_cache.dim() != 5 or kv_cache.shape[0] != 2 or not kv_cache.is_contiguous():
+                raise ValueError("paged attention needs a contiguous [2, blocks, ...] KV cache")
+            if query.stride(2) != 1 or key.stride(2) != 1 or value.stride(2) != 1:
+                raise ValueError("paged attention needs unit stride within each head")
+            out = torch.empty(num_tokens, num_heads, head_dim, dtype=torch.float32)
+            keys = kv_cache.data_ptr()
+            status = call(
+                query.data_ptr(), query.stride(0), query.stride(1),
+                key.data_ptr(), key.stride(0), key.stride(1),
+                value.data_ptr(), value.stride(0), value.stride(1),
+                slot_mapping.data_ptr(), num_tokens,
+                keys, keys + kv_cache.stride(0) * kv_cache.element_size(),
+                block_tables.data_ptr(), block_tables.stride(0),
+                seq_lens.data_ptr(), query_start_loc.data_ptr(), num_seqs,
+                num_heads, num_kv_heads, head_dim, kv_cache.shape[2],
+                scale, out.data_ptr(), torch.get_num_threads(),
+            )  # fmt: skip
+            if status != 0:
+                raise RuntimeError(
+                    f"paged attention kernel refused the shape (heads {num_heads}/"
+                    f"{num_kv_heads}, head dim {head_dim}, block size {kv_cache.shape[2]})"
+                )
+            return out
+
+        return attend
 
 
 _LIBRARIES = {

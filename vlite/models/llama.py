@@ -194,10 +194,15 @@ class LlamaMLP(nn.Module):
             config.hidden_size, {"gate": size, "up": size}, bias, tp_group
         )
         self.down_proj = RowParallelLinear(size, config.hidden_size, bias, tp_group)
+        #: :class:`~vlite.kernels.native.FusedOps` for ``silu(gate) * up``, or ``None``.
+        self.native: Any = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[T, hidden_size]`` -> ``[T, hidden_size]`` (this rank's share of the features)."""
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if self.native is not None and gate_up.dtype == torch.float32:
+            return self.down_proj(self.native.silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -380,7 +385,8 @@ class LlamaForCausalLM(nn.Module):
             self.use_native_ops()
 
     def use_native_ops(self) -> None:
-        """Run the norms and RoPE as fused C kernels on float32 CPU inputs.
+        """Run the norms, RoPE and SwiGLU's activation as fused C kernels on float32 CPU
+        inputs.
 
         Done by :meth:`load_weights` when weights stay quantized (that path's oracle is its
         agreement with the float32 path; the float path keeps PyTorch's ops, bit for bit
@@ -391,7 +397,7 @@ class LlamaForCausalLM(nn.Module):
         except NativeKernelsUnavailable:
             return
         for module in self.modules():
-            if isinstance(module, RMSNorm):
+            if isinstance(module, (RMSNorm, LlamaMLP)):
                 module.native = self.native_ops
 
     def _expected_shards(self) -> set[tuple[str, str | None]]:

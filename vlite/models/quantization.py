@@ -94,6 +94,9 @@ class QuantizedMatrix:
         self.blocks = tensor.blocks.contiguous()
         self.out_features, self.in_features = tensor.shape
         self._kernels = gguf_block_kernels()
+        self._product = self._kernels.product(
+            self.qtype, self.blocks, self.out_features, self.in_features
+        )
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` ``[..., in_features]`` -> ``[..., out_features]`` in ``x.dtype``."""
@@ -102,7 +105,7 @@ class QuantizedMatrix:
             return out.view(*x.shape[:-1], self.out_features)
         if x.dtype != torch.float32:
             return self.matmul(x.float()).to(x.dtype)
-        return self._kernels.matmul(self.qtype, x, self.blocks, self.out_features)
+        return self._product(x)
 
     def rows(self, row_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Rows ``row_ids`` ``[T]`` as ``[T, in_features]`` (an embedding lookup)."""

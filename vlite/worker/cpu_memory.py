@@ -5,12 +5,15 @@ A prefill of a few thousand tokens allocates activations of tens of megabytes pe
 that large with a fresh ``mmap`` and unmaps them on free, so every such op first takes a
 page fault per 4 KiB of its output: 17 ms of the kernel zeroing pages for that one 53 MB
 tensor, on this project's development machine, against 0.7 ms to write it once mapped. On
-the batched benchmark that was a sixth of the wall time.
+the batched benchmark that was about a seventh of the wall time.
 
 :func:`reuse_freed_memory` tells glibc's allocator (``mallopt``) to serve every
 allocation from its heap and to keep up to :data:`KEPT_FREE_BYTES` of freed memory at the
-heap's top: after the first step the same pages are reused. The process's resident size
-stays at its peak instead of shrinking between steps. Other C libraries are left alone.
+heap's top: later steps reuse the pages of earlier ones. The price: the resident size
+stays near its peak instead of shrinking between steps, and freed blocks that do not fit
+the next request exactly may be held a while (the batched benchmark's peak resident size
+was the same with and without the setting, 2.9 GB, most of it the KV cache). Workers on
+the CPU call it at start; other C libraries are left alone.
 """
 
 from __future__ import annotations

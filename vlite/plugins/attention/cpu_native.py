@@ -14,6 +14,8 @@ for bit.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from vlite.core.attention import AttentionBackend, AttentionMetadata
@@ -42,6 +44,9 @@ class CpuAttentionBackend(AttentionBackend):
         from vlite.kernels.native import paged_attention_kernel
 
         self._kernel = paged_attention_kernel()
+        # The step's checked cache layout, made by the first layer to see its metadata.
+        self._step_metadata: AttentionMetadata | None = None
+        self._step: Any = None
 
     def _reference(self) -> AttentionBackend:
         from vlite.plugins.attention.torch_ref import TorchAttentionBackend
@@ -77,19 +82,17 @@ class CpuAttentionBackend(AttentionBackend):
         """
         if kv_cache.dtype != torch.float32 or kv_cache.device.type != "cpu":
             return self._reference().forward(query, key, value, kv_cache, metadata)
+        if metadata is not self._step_metadata:  # the first layer of a step
+            self._step = self._kernel.step(
+                metadata.slot_mapping,
+                metadata.block_tables,
+                metadata.seq_lens,
+                metadata.query_start_loc,
+                self.scale,
+            )
+            self._step_metadata = metadata
         query, key, value = (_float32_rows(t) for t in (query, key, value))
-        return self._kernel(
-            query,
-            key,
-            value,
-            kv_cache[0],
-            kv_cache[1],
-            metadata.slot_mapping,
-            metadata.block_tables,
-            metadata.seq_lens,
-            metadata.query_start_loc,
-            self.scale,
-        )
+        return self._step(query, key, value, kv_cache)
 
 
 def _float32_rows(tensor: torch.Tensor) -> torch.Tensor:
