@@ -222,6 +222,30 @@ def test_prefix_miss_on_block_zero_misses_everything_because_hashes_chain():
     assert len(kv.find_cached_prefix(differs_in_block_1)) == 1
 
 
+def test_prompts_whose_64_bit_hashes_collide_never_share_blocks(monkeypatch):
+    # Force every 64-bit hash() taken in the cache module to collide: keys made from
+    # Python's hash() would then map different prompts to the same cached blocks.
+    import vlite.core.kv_cache as kv_cache_module
+
+    monkeypatch.setattr(kv_cache_module, "hash", lambda value: 0, raising=False)
+    kv = KVCacheManager(num_blocks=10, block_size=BLOCK_SIZE)
+    admit(kv, make_request("first", [1, 2, 3, 4, 5, 6, 7, 8, 9]))
+
+    other = make_request("other", [9, 8, 7, 6, 5, 4, 3, 2, 1])
+
+    assert kv.find_cached_prefix(other) == []
+    assert not set(admit(kv, other)) & set(kv.block_ids_of("first"))
+
+
+def test_block_keys_are_chained_sha256_digests():
+    from vlite.core.kv_cache import hash_block_tokens
+
+    first = hash_block_tokens(None, [1, 2, 3, 4])
+    assert len(first) == 32 and first != hash_block_tokens(None, [1, 2, 3, 5])
+    assert hash_block_tokens(first, [5, 6, 7, 8]) != hash_block_tokens(None, [5, 6, 7, 8])
+    assert hash_block_tokens(first, [5, 6, 7, 8]) == hash_block_tokens(first, [5, 6, 7, 8])
+
+
 def test_partial_last_block_is_not_cached():
     kv = KVCacheManager(num_blocks=10, block_size=BLOCK_SIZE)
     admit(kv, make_request("first", [1, 2, 3, 4, 5, 6]))

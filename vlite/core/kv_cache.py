@@ -4,9 +4,12 @@ The cache is ``num_blocks`` fixed-size blocks of ``block_size`` token slots. A r
 block table lists its blocks in token order; token ``i`` lives in slot
 ``block_ids[i // block_size] * block_size + i % block_size``.
 
-Prefix caching: a *full* block is identified by a hash chained over every token up to its
-end (``hash((parent_hash, tokens_of_block))``), so two requests that share a prompt prefix
-map its full blocks to the same hashes and can share the same physical blocks. A block
+Prefix caching: a *full* block is identified by a SHA-256 digest chained over every token
+up to its end (``sha256(parent_digest + tokens_of_block)``), so two requests that share a
+prompt prefix map its full blocks to the same digests and can share the same physical
+blocks, and two different prefixes cannot (a collision of a 256-bit digest is not a
+practical event, unlike one of Python's 64-bit ``hash()``, which a crafted prompt can force
+and which would serve one request another's cached keys and values). A block
 whose reference count falls to zero keeps its hash and contents and goes to the tail of
 the free queue; allocation takes from the head, so the least recently freed cached block
 is evicted first, and a later request can revive a cached block until it is evicted.
@@ -14,12 +17,15 @@ is evicted first, and a later request can revive a cached block until it is evic
 
 from __future__ import annotations
 
+import hashlib
+import struct
 from collections import OrderedDict
 from collections.abc import Sequence
 
 from vlite.core.request import Request
 
-BlockHash = int
+#: A full block's chained SHA-256 digest (32 bytes).
+BlockHash = bytes
 
 
 class KVCacheBlock:
@@ -33,12 +39,19 @@ class KVCacheBlock:
         self.block_hash: BlockHash | None = None
 
     def __repr__(self) -> str:
-        return f"KVCacheBlock({self.block_id}, refs={self.ref_count}, hash={self.block_hash})"
+        digest = None if self.block_hash is None else self.block_hash.hex()[:12]
+        return f"KVCacheBlock({self.block_id}, refs={self.ref_count}, hash={digest})"
 
 
 def hash_block_tokens(parent_hash: BlockHash | None, token_ids: Sequence[int]) -> BlockHash:
-    """Chained hash of one full block: equal only if every earlier token is equal too."""
-    return hash((parent_hash, tuple(token_ids)))
+    """Chained digest of one full block: equal only if every earlier token is equal too.
+
+    SHA-256 over the parent block's digest (none for the first block) and the token ids
+    as little-endian int64s.
+    """
+    digest = hashlib.sha256(parent_hash or b"")
+    digest.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
+    return digest.digest()
 
 
 class KVCacheManager:
