@@ -71,11 +71,25 @@ class LastCachedBlockDroppingBackend(TorchAttentionBackend):
         return out.squeeze(0).transpose(0, 1)
 
 
+class ScaleIgnoringBackend(TorchAttentionBackend):
+    """Uses ``head_dim ** -0.5`` whatever scale it was built with."""
+
+    def __init__(self, num_heads, num_kv_heads, head_dim, scale, block_size) -> None:
+        super().__init__(num_heads, num_kv_heads, head_dim, head_dim**-0.5, block_size)
+
+
 class TopKIgnoringSampler(DefaultSampler):
     """Samples as if no row used top-k."""
 
     def sample(self, logits: torch.Tensor, metadata) -> torch.Tensor:
         return super().sample(logits, dataclasses.replace(metadata, has_top_k=False))
+
+
+class Int32TokensSampler(DefaultSampler):
+    """Returns its tokens as int32 instead of int64."""
+
+    def sample(self, logits: torch.Tensor, metadata) -> torch.Tensor:
+        return super().sample(logits, metadata).to(torch.int32)
 
 
 class WrongTokensExecutor(UniprocExecutor):
@@ -126,11 +140,13 @@ def register_schedulers(register) -> None:
 @hookimpl
 def register_attention_backends(register) -> None:
     register("last-cached-block-dropping", LastCachedBlockDroppingBackend)
+    register("scale-ignoring", ScaleIgnoringBackend)
 
 
 @hookimpl
 def register_samplers(register) -> None:
     register("top-k-ignoring", TopKIgnoringSampler)
+    register("int32-tokens", Int32TokensSampler)
 
 
 @hookimpl

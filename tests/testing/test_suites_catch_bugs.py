@@ -46,8 +46,13 @@ class TestBrokenPlugin({suite}):
 """
 
 
-def run_suite(pytester: pytest.Pytester, suite: str, name: str, **settings) -> dict[str, str]:
-    """Run ``suite`` against broken plugin ``name``; test name -> passed/failed/skipped."""
+def run_suite(
+    pytester: pytest.Pytester, suite: str, name: str, reports: dict | None = None, **settings
+) -> dict[str, str]:
+    """Run ``suite`` against broken plugin ``name``; test name -> passed/failed/skipped.
+
+    ``reports``, when given, receives each failed test's report text.
+    """
     pytester.syspathinsert(HERE)
     lines = "".join(f"    {key} = {value!r}\n" for key, value in settings.items())
     pytester.makepyfile(
@@ -65,6 +70,8 @@ def run_suite(pytester: pytest.Pytester, suite: str, name: str, **settings) -> d
         test_name = report.nodeid.split("::")[-1]
         if report.failed:
             outcomes[test_name] = "failed"
+            if reports is not None:
+                reports[test_name] = str(report.longrepr)
         else:
             outcomes.setdefault(test_name, "passed")
             if report.skipped:
@@ -104,6 +111,13 @@ def test_attention_suite_catches_a_backend_that_drops_the_last_cached_block(pyte
     assert outcomes["test_matches_dense_attention_decoding_only"] == "passed"
 
 
+def test_attention_suite_catches_a_backend_that_ignores_the_scale(pytester):
+    outcomes = run_suite(pytester, "AttentionBackendConformance", "scale-ignoring")
+    assert_caught(outcomes, {"test_uses_the_given_scale"})
+    # Built with the default scale it is right, so the other shape tests pass.
+    assert outcomes["test_matches_dense_attention_decoding_only"] == "passed"
+
+
 def test_sampler_suite_catches_a_sampler_that_ignores_top_k(pytester):
     outcomes = run_suite(pytester, "SamplerConformance", "top-k-ignoring")
     assert_caught(
@@ -115,6 +129,16 @@ def test_sampler_suite_catches_a_sampler_that_ignores_top_k(pytester):
         },
     )
     assert outcomes["test_top_p_keeps_only_the_nucleus[0.45]"] == "passed"
+
+
+def test_sampler_suite_shows_the_compared_values_of_a_failed_check(pytester):
+    # The suites' asserts are rewritten by pytest: the report names the wrong dtype
+    # instead of a bare AssertionError.
+    reports: dict[str, str] = {}
+    outcomes = run_suite(pytester, "SamplerConformance", "int32-tokens", reports)
+    failed = "test_returns_one_int64_token_per_row[greedy-50]"
+    assert_caught(outcomes, {failed})
+    assert "torch.int32 == torch.int64" in reports[failed]
 
 
 def test_executor_suite_catches_an_executor_that_returns_wrong_tokens(pytester):

@@ -14,12 +14,20 @@ the plugin::
 - :class:`ExecutorConformance`: tokens equal ``uniproc``'s, shutdown, crashed workers.
 
 They need pytest, so they are imported lazily: ``vlite.testing.tiny_models`` and the other
-helpers work without it.
+helpers work without it. Under pytest, the suites' modules are registered for pytest's
+assertion rewriting before any is imported, so a failed check shows the values compared.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
+
+#: Modules whose ``assert`` statements are the suites' checks.
+_CHECK_MODULES = ("vlite.testing.conformance", "vlite.testing.scheduler_driver")
+
+if "pytest" in sys.modules:  # running under pytest (vlite.testing is imported first)
+    sys.modules["pytest"].register_assert_rewrite(*_CHECK_MODULES)
 
 _LAZY = {
     "PluginConformance": "vlite.testing.conformance.base",

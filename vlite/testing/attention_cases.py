@@ -35,6 +35,8 @@ class AttentionShape:
     num_queries_per_kv: int
     block_size: int
     num_kv_heads: int = NUM_KV_HEADS
+    #: The softmax scale; ``None``: ``head_dim ** -0.5``.
+    softmax_scale: float | None = None
 
     @property
     def num_heads(self) -> int:
@@ -42,10 +44,11 @@ class AttentionShape:
 
     @property
     def scale(self) -> float:
-        return self.head_dim**-0.5
+        return self.head_dim**-0.5 if self.softmax_scale is None else self.softmax_scale
 
     def __str__(self) -> str:
-        return f"hd{self.head_dim}-gqa{self.num_queries_per_kv}-bs{self.block_size}"
+        name = f"hd{self.head_dim}-gqa{self.num_queries_per_kv}-bs{self.block_size}"
+        return name if self.softmax_scale is None else f"{name}-scale{self.softmax_scale:g}"
 
 
 def boundary_batch(block_size: int, with_cached_prefill: bool = True) -> Batch:

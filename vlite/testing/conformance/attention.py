@@ -153,6 +153,16 @@ class AttentionBackendConformance(PluginConformance):
         backend = self.make_backend(plugin_cls, shape)
         self.check_case(backend, shape, decode_batch(shape.block_size))
 
+    def test_uses_the_given_scale(self, plugin_cls) -> None:
+        """The softmax scale the backend is built with, not ``head_dim ** -0.5`` (models set
+        their own, e.g. Gemma's ``query_pre_attn_scalar``)."""
+        shape = AttentionShape(
+            self.head_dims[0], self.gqa_ratios[-1], self.block_sizes[0], softmax_scale=0.3
+        )
+        backend = self.make_backend(plugin_cls, shape)
+        cached_prefill = self.claims(plugin_cls, "supports_prefix_caching")
+        self.check_case(backend, shape, boundary_batch(shape.block_size, cached_prefill))
+
     def test_cached_prefix_prefill(self, plugin_cls) -> None:
         """Several new tokens after a cached prefix of whole blocks (prefix-cache hits)."""
         self.require(plugin_cls, "supports_prefix_caching")
