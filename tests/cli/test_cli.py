@@ -156,6 +156,18 @@ def test_bad_flags_fail_with_a_one_line_error(tiny_model, args, message):
     assert len(error_lines) == 1 and message in error_lines[0], result.stderr
 
 
+def test_a_request_that_cannot_run_is_one_line_and_exit_status_2(tiny_model):
+    # A 12-word prompt cannot fit a token budget of 8 without chunked prefill.
+    prompt = "one two three four five six seven eight nine ten eleven twelve"
+    result = invoke(
+        "run", "--model", tiny_model, "--max-num-batched-tokens", "8", "--max-tokens", "2", prompt
+    )
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    error_lines = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert len(error_lines) == 1 and "max_num_batched_tokens=8" in error_lines[0], result.stderr
+
+
 def test_missing_model_folder_is_a_clear_error(tmp_path):
     result = invoke("run", "--model", str(tmp_path / "absent"), "x")
     assert result.exit_code != 0

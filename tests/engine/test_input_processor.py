@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from vlite.core.errors import InvalidRequestError
 from vlite.core.sampling_params import SamplingParams
 from vlite.engine.input_processor import InputProcessor
 from vlite.testing.tiny_models import make_tiny_tokenizer
@@ -45,7 +46,7 @@ def test_token_id_prompts_pass_through_as_ints(processor):
         ({"prompt_token_ids": [1, -2]}, ValueError, "integers >= 0"),
         ({"prompt_token_ids": "abc"}, ValueError, "integers >= 0"),
         ({"prompt_token_ids": [1, 10**6]}, ValueError, "vocabulary"),
-        (42, TypeError, "expected a string"),
+        (42, InvalidRequestError, "expected a string"),
     ],
 )
 def test_invalid_prompts_are_refused(processor, prompt, error, match):

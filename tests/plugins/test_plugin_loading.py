@@ -6,6 +6,9 @@ Each plugin here is an installed-looking package (a module and a ``.dist-info`` 
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 import vlite
@@ -125,6 +128,27 @@ def test_a_hook_that_raises_while_registering_is_an_error(install_plugin, tiny_m
     assert "KeyError" in message
 
 
+@pytest.mark.parametrize(
+    ("registered", "problem"),
+    [
+        ("object()", "is not a class (register the class, not an instance)"),
+        ("dict", "does not subclass vlite.core.scheduler.Scheduler"),
+    ],
+)
+def test_registering_something_that_is_not_a_scheduler_class_is_an_error(
+    install_plugin, registered, problem
+):
+    source = scheduler_plugin().replace(
+        "register('newest-first', NewestFirstScheduler)", f"register('odd', {registered})"
+    )
+    module = install_plugin("odd-plugin", source, "0.2")
+    with pytest.raises(PluginError) as info:
+        PluginRegistry(build_plugin_manager())
+    message = str(info.value)
+    assert f"plugin {module!r} (odd-plugin 0.2) registered scheduler 'odd'" in message
+    assert problem in message
+
+
 def test_two_packages_with_the_same_entry_point_name_are_an_error(install_plugin):
     install_plugin("one-package", scheduler_plugin(name="a"), entry_name="shared")
     install_plugin("other-package", scheduler_plugin(name="b"), entry_name="shared")
@@ -160,6 +184,46 @@ def test_the_allow_list_restricts_which_plugins_load(install_plugin, monkeypatch
         "scheduler"
     )
     LLM(model=tiny_model)  # the exploding plugin is never imported
+
+
+def test_an_allow_list_name_no_plugin_has_is_a_warning_naming_the_installed(
+    install_plugin, monkeypatch
+):
+    installed = install_plugin("real-plugin", scheduler_plugin(name="real"))
+    monkeypatch.setenv("VLITE_PLUGINS", f"{installed},not-installed")
+    with pytest.warns(UserWarning, match="'not-installed', which no installed plugin has") as info:
+        build_plugin_manager()
+    assert installed in str(info[0].message)
+
+
+# ---- a broken plugin does not take the describing commands down -------------------------
+
+
+def test_a_broken_plugin_is_skipped_and_reported_where_it_failed(install_plugin):
+    source = "import os\nimport a_module_that_is_not_installed\n"
+    module = install_plugin("half-installed-plugin", source, "0.9")
+    good = install_plugin("good-plugin", scheduler_plugin(name="still-here"))
+    broken = []
+    registry = PluginRegistry(build_plugin_manager(broken=broken))
+    assert "still-here" in registry.names("scheduler")  # the others load
+    [plugin] = broken
+    assert plugin.name == module and "package half-installed-plugin 0.9" in plugin.error
+    assert "a_module_that_is_not_installed" in plugin.error
+    assert plugin.location.endswith(f"{module}.py:2")  # the plugin's failing line
+    assert "VLITE_PLUGINS" in plugin.describe()
+    assert good != module
+
+
+def test_vlite_help_and_plugins_list_survive_a_broken_plugin(install_plugin):
+    module = install_plugin("exploding-plugin", "raise RuntimeError('boom at import')", "2.3")
+    for args in (["--help"], ["plugins", "list"]):
+        result = subprocess.run(
+            [sys.executable, "-m", "vlite", *args], capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode == 0, result.stderr
+        assert "Traceback" not in result.stderr
+        assert f"Warning: plugin {module!r} from package exploding-plugin 2.3" in result.stderr
+    assert f"BROKEN  {module}: " in result.stdout and "fcfs" in result.stdout
 
 
 def test_built_in_plugins_load_whatever_the_allow_list(monkeypatch):

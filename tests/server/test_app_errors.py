@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import re
 
 import httpx
 
+from vlite.core.errors import InvalidRequestError
 from vlite.core.outputs import CompletionOutput, RequestOutput
 from vlite.engine.exceptions import EngineDeadError, EngineGenerateError
 from vlite.server.api_server import build_app
@@ -66,3 +69,41 @@ def test_a_failure_without_streaming_is_a_500():
 
     assert response.status_code == 500
     assert "boom" in response.json()["error"]["message"]
+
+
+class RaisingEngine:
+    """Raises ``error`` when asked to generate."""
+
+    max_model_len = 64
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+        self.dead_error = None
+
+    async def generate(self, prompt, params, request_id, output_kind):
+        raise self.error
+        yield  # an async generator
+
+
+def test_an_invalid_request_is_a_400_naming_what_is_wrong():
+    engine = RaisingEngine(InvalidRequestError("prompt of 99 tokens exceeds max_model_len=64"))
+
+    response = request(engine, "POST", "/v1/completions", json={"prompt": "x"})
+
+    assert response.status_code == 400
+    assert "max_model_len=64" in response.json()["error"]["message"]
+
+
+def test_a_bug_is_a_500_with_an_id_and_a_logged_traceback_never_a_400(caplog):
+    # A plain ValueError from inside the server is a bug, not the client's bad input.
+    engine = RaisingEngine(ValueError("list.remove(x): x not in list"))
+
+    with caplog.at_level(logging.ERROR, logger="vlite.server.errors"):
+        response = request(engine, "POST", "/v1/completions", json={"prompt": "x"})
+
+    assert response.status_code == 500
+    message = response.json()["error"]["message"]
+    assert "list.remove" not in message  # internals stay in the server's log
+    error_id = re.search(r"id ([0-9a-f]{12})", message).group(1)
+    logged = [r for r in caplog.records if error_id in r.getMessage()]
+    assert logged and logged[0].exc_info is not None

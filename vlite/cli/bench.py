@@ -10,6 +10,7 @@ import click
 from tqdm.auto import tqdm
 
 from vlite.cli.options import build_config, engine_options, pop_engine_overrides
+from vlite.core.errors import InvalidRequestError
 
 
 @click.command("bench")
@@ -73,7 +74,7 @@ def bench_command(
             run_workload(engine, [Arrival(0, "warmup", arrivals[0].prompt_token_ids[:16], 4)])
         with tqdm(total=num_prompts, desc="Benchmarking", unit="req", disable=as_json) as bar:
             result = run_workload(engine, arrivals, on_request_finished=lambda: bar.update(1))
-    except ValueError as exc:  # a prompt that cannot fit the model or the cache
+    except InvalidRequestError as exc:  # a prompt that cannot fit the model or the cache
         raise click.ClickException(str(exc)) from None
     finally:
         engine.shutdown()

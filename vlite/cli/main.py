@@ -31,12 +31,19 @@ cli.add_command(bench_command)
 
 
 def main() -> None:
-    """Console-script entry point: adds plugin commands, then runs the CLI."""
-    from vlite.core.plugins import PluginError, build_plugin_manager
+    """Console-script entry point: adds plugin commands, then runs the CLI.
 
+    A plugin that fails to load is skipped with a warning (``vlite --help`` and ``vlite
+    plugins list`` keep working); commands that build an engine refuse to run without it.
+    """
+    from vlite.core.plugins import BrokenPlugin, PluginError, build_plugin_manager
+
+    broken: list[BrokenPlugin] = []
     try:
-        pm = build_plugin_manager()
+        pm = build_plugin_manager(broken=broken)
     except PluginError as exc:
         raise SystemExit(f"Error: {exc}") from None
+    for plugin in broken:
+        click.echo(f"Warning: {plugin.describe()}", err=True)
     pm.hook.register_cli_commands(cli=cli)
     cli(prog_name="vlite")

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import click
 
-from vlite.core.plugins import PluginError, PluginRegistry, build_plugin_manager
+from vlite.core.plugins import BrokenPlugin, PluginError, PluginRegistry, build_plugin_manager
 
 
 @click.group("plugins")
@@ -14,9 +14,11 @@ def plugins_group() -> None:
     """Inspect installed plugins."""
 
 
-def _load_registry() -> PluginRegistry:
+def _load_registry(broken: list[BrokenPlugin] | None = None) -> PluginRegistry:
+    """The registry; with ``broken`` given, plugins that fail to load are left out and
+    listed there instead."""
     try:
-        return PluginRegistry(build_plugin_manager())
+        return PluginRegistry(build_plugin_manager(broken=broken))
     except PluginError as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -29,13 +31,17 @@ def _echo_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> Non
 
 @plugins_group.command("list")
 def list_command() -> None:
-    """Print every registered plugin: kind, name, package and version."""
-    registry = _load_registry()
+    """Print every registered plugin: kind, name, package and version; then any installed
+    plugin that failed to load, with its error."""
+    broken: list[BrokenPlugin] = []
+    registry = _load_registry(broken)
     rows = [
         (entry.kind, entry.name, entry.package, entry.version)
         for entry in sorted(registry.entries(), key=lambda e: (e.kind, e.name))
     ]
     _echo_table(("KIND", "NAME", "PACKAGE", "VERSION"), rows)
+    for plugin in broken:
+        click.echo(f"BROKEN  {plugin.name}: {plugin.describe()}")
 
 
 @plugins_group.command("check")

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from vlite.cli.options import build_config, engine_options, pop_engine_overrides
+from vlite.core.errors import InvalidRequestError, VliteError
 from vlite.core.outputs import CompletionOutput, RequestOutput
 from vlite.core.sampling_params import SAMPLING_PARAM_NAMES, SamplingParams
 
@@ -104,7 +105,10 @@ def run_command(prompts, input_file, chat, as_json, trace_file, config_file, **o
 
         llm.llm_engine.add_step_observer(TraceWriter(trace_file))
     start = time.perf_counter()
-    outputs = llm.generate(inputs, params, priority=[spec.priority for spec in specs])
+    try:
+        outputs = llm.generate(inputs, params, priority=[spec.priority for spec in specs])
+    except InvalidRequestError as exc:
+        raise Refused(str(exc)) from None
     elapsed = time.perf_counter() - start
     for index, output in enumerate(outputs):
         click.echo(_format_output(index, specs[index].prompt, output, as_json))
@@ -124,10 +128,18 @@ def _sampling_params(defaults: dict[str, Any], own: dict[str, Any]) -> SamplingP
         raise click.UsageError(str(exc)) from None
 
 
+class Refused(click.ClickException):
+    """A request, setting or plugin vlite refuses: one line on stderr, exit status 2."""
+
+    exit_code = 2
+
+
 def _construct(llm_cls, config):
     try:
         return llm_cls(config=config)
-    except (ValueError, FileNotFoundError, ImportError) as exc:
+    except (VliteError, ValueError, FileNotFoundError) as exc:
+        raise Refused(str(exc)) from None
+    except ImportError as exc:
         raise click.ClickException(str(exc)) from None
 
 
@@ -173,8 +185,8 @@ def _to_engine_prompt(llm, prompt: str, chat: bool) -> str | dict[str, Any]:
         return prompt
     try:
         return llm.llm_engine.apply_chat_template([{"role": "user", "content": prompt}])
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
+    except InvalidRequestError as exc:
+        raise Refused(str(exc)) from None
 
 
 def _format_output(index: int, prompt: str, output: RequestOutput, as_json: bool) -> str:

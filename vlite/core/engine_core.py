@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from vlite.core.attention_selection import resolve_attention_backend
 from vlite.core.config import VliteConfig
+from vlite.core.errors import InvalidRequestError
 from vlite.core.executor import Executor
 from vlite.core.kv_cache import KVCacheManager
 from vlite.core.outputs import EngineCoreOutputs
@@ -62,28 +63,29 @@ class EngineCore:
     # ---- requests ------------------------------------------------------------------
 
     def add_request(self, core_request: EngineCoreRequest) -> None:
-        """Queue a request; raises ``ValueError`` if it could never be scheduled, or asks
-        for a sampling option the configured sampler does not support."""
+        """Queue a request; raises :class:`~vlite.core.errors.InvalidRequestError` if it
+        could never be scheduled, or asks for a sampling option the configured sampler does
+        not support."""
         self._check_fits(core_request)
         self._check_sampling(core_request)
         if core_request.request_id in self.scheduler.requests:
-            raise ValueError(f"request_id {core_request.request_id!r} is already in use")
+            raise InvalidRequestError(f"request_id {core_request.request_id!r} is already in use")
         self.scheduler.add_request(Request(core_request))
 
     def _check_fits(self, core_request: EngineCoreRequest) -> None:
         limits = self.scheduler.limits
         num_prompt = len(core_request.prompt_token_ids)
         if num_prompt == 0:
-            raise ValueError(f"request {core_request.request_id!r} has an empty prompt")
+            raise InvalidRequestError(f"request {core_request.request_id!r} has an empty prompt")
         if num_prompt >= limits.max_model_len:
-            raise ValueError(
+            raise InvalidRequestError(
                 f"request {core_request.request_id!r}: prompt of {num_prompt} tokens does not "
                 f"leave room to generate within max_model_len={limits.max_model_len}"
             )
         if num_prompt > limits.max_num_batched_tokens and not (
             self.scheduler.supports_chunked_prefill
         ):
-            raise ValueError(
+            raise InvalidRequestError(
                 f"request {core_request.request_id!r}: prompt of {num_prompt} tokens exceeds "
                 f"max_num_batched_tokens={limits.max_num_batched_tokens} and scheduler "
                 f"{self.config.scheduler!r} does not split prompts into chunks"
@@ -91,7 +93,7 @@ class EngineCore:
         max_total = min(num_prompt + core_request.sampling_params.max_tokens, limits.max_model_len)
         num_blocks = self.kv_cache_manager.num_blocks_for(max_total)
         if num_blocks > self.kv_cache_manager.num_blocks:
-            raise ValueError(
+            raise InvalidRequestError(
                 f"request {core_request.request_id!r} may need {num_blocks} KV-cache blocks "
                 f"but the cache has {self.kv_cache_manager.num_blocks}; raise num_kv_blocks "
                 "or lower max_tokens"
@@ -100,13 +102,13 @@ class EngineCore:
     def _check_sampling(self, core_request: EngineCoreRequest) -> None:
         params = core_request.sampling_params
         if params.n != 1:
-            raise ValueError(
+            raise InvalidRequestError(
                 f"request {core_request.request_id!r} has n={params.n}: the engine core runs "
                 "one sample per request (LLM and AsyncLLM fan n > 1 out into n requests)"
             )
         unsupported = unsupported_sampling_options(self.sampler_cls, params)
         if unsupported:
-            raise ValueError(
+            raise InvalidRequestError(
                 f"request {core_request.request_id!r} uses {', '.join(unsupported)}, which the "
                 f"sampler {self.config.sampler!r} does not support (it does not claim "
                 "the capability); use the 'default' sampler"

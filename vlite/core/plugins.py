@@ -7,7 +7,10 @@ the classes it needs from a :class:`PluginRegistry` once, at construction.
 
 Loading is loud: a plugin that fails to import, fails pluggy's validation, requires another
 plugin API version (:func:`check_plugin_api`) or registers a name twice raises
-:class:`PluginError` naming the plugin and its package.
+:class:`PluginError` naming the plugin and its package. Commands that only describe vlite
+(``vlite --help``, ``vlite plugins list``) pass ``broken=[]`` instead: an installed plugin
+that fails to load is then skipped and reported as a :class:`BrokenPlugin`, so one bad
+package cannot take the whole CLI down.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import importlib
 import operator
 import os
 import re
+import traceback
+import warnings
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -23,6 +28,7 @@ from typing import Any
 import pluggy
 
 from vlite.core import hookspecs
+from vlite.core.errors import VliteError
 from vlite.core.hookspecs import PLUGIN_API_VERSION
 
 #: Modules whose hook implementations ship with vlite.
@@ -56,7 +62,7 @@ PLUGIN_KINDS: dict[str, str] = {
 }
 
 
-class PluginError(RuntimeError):
+class PluginError(VliteError, RuntimeError):
     """A plugin failed to load or registered something invalid."""
 
 
@@ -70,6 +76,29 @@ class PluginEntry:
     plugin_name: str
     package: str
     version: str
+
+
+@dataclass(frozen=True)
+class BrokenPlugin:
+    """An installed plugin that failed to load, skipped (see :func:`build_plugin_manager`).
+
+    Attributes:
+        name: its entry-point name (what ``VLITE_PLUGINS`` lists).
+        error: the loading error, naming plugin and package.
+        location: ``file:line`` where it failed inside the plugin's code, if known.
+    """
+
+    name: str
+    error: str
+    location: str | None
+
+    def describe(self) -> str:
+        """One line: the error, where it happened, and how to skip the plugin."""
+        where = f" (at {self.location})" if self.location else ""
+        return (
+            f"{self.error}{where}; to skip it, list the plugins to load in "
+            f"{ALLOW_LIST_ENV} (e.g. {ALLOW_LIST_ENV}= loads none)"
+        )
 
 
 class VlitePluginManager(pluggy.PluginManager):
@@ -86,12 +115,15 @@ class VlitePluginManager(pluggy.PluginManager):
 
 
 def build_plugin_manager(
-    extra_plugins: tuple[Any, ...] = (), load_entry_points: bool = True
+    extra_plugins: tuple[Any, ...] = (),
+    load_entry_points: bool = True,
+    broken: list[BrokenPlugin] | None = None,
 ) -> VlitePluginManager:
     """A fresh manager with vlite's hookspecs, the built-ins, and installed plugins.
 
     ``extra_plugins`` (modules or objects with hook implementations) are registered too;
-    tests use this to add a plugin without installing a package.
+    tests use this to add a plugin without installing a package. With ``broken`` given, an
+    installed plugin that fails to load is left out and appended to it instead of raising.
 
     Raises:
         PluginError: a plugin failed to import or to validate, or requires a plugin API
@@ -104,18 +136,23 @@ def build_plugin_manager(
         pm.origins[module_name] = ("vlite", __version__)
         _register(pm, importlib.import_module(module_name), module_name)
     if load_entry_points:
-        _load_entry_points(pm)
+        _load_entry_points(pm, broken)
     for plugin in extra_plugins:
         _register(pm, plugin, None)
-    try:
-        pm.check_pending()
-    except pluggy.PluginValidationError as exc:
-        name = pm.get_name(exc.plugin) or ""
-        raise PluginError(
-            f"plugin {_label(exc.plugin, name)!r} from {_describe_origin(pm, name)} is "
-            f"invalid: {exc}"
-        ) from exc
-    return pm
+    while True:
+        try:
+            pm.check_pending()
+            return pm
+        except pluggy.PluginValidationError as exc:
+            name = pm.get_name(exc.plugin) or ""
+            error = PluginError(
+                f"plugin {_label(exc.plugin, name)!r} from {_describe_origin(pm, name)} is "
+                f"invalid: {exc}"
+            )
+            if broken is None or name in BUILTIN_PLUGINS or name not in pm.origins:
+                raise error from exc
+            pm.unregister(exc.plugin)
+            broken.append(BrokenPlugin(name, str(error), None))
 
 
 def _register(pm: VlitePluginManager, plugin: Any, name: str | None) -> None:
@@ -154,28 +191,70 @@ def _allowed_plugin_names() -> set[str] | None:
     return {name.strip() for name in raw.split(",") if name.strip()}
 
 
-def _load_entry_points(pm: VlitePluginManager) -> None:
+def _load_entry_points(pm: VlitePluginManager, broken: list[BrokenPlugin] | None) -> None:
     allowed = _allowed_plugin_names()
-    for entry_point in metadata.entry_points(group=ENTRY_POINT_GROUP):
+    entry_points = list(metadata.entry_points(group=ENTRY_POINT_GROUP))
+    _warn_about_unknown_names(allowed, [entry_point.name for entry_point in entry_points])
+    for entry_point in entry_points:
         if allowed is not None and entry_point.name not in allowed:
             continue
-        package = _describe_distribution(entry_point)
-        if pm.get_plugin(entry_point.name) is not None:
-            raise PluginError(
-                f"plugin name {entry_point.name!r} is used twice: by "
-                f"{_describe_origin(pm, entry_point.name)} and by {package}"
-            )
+        if broken is None:
+            _load_entry_point(pm, entry_point)
+            continue
+        registered_before = pm.get_plugin(entry_point.name) is not None
         try:
-            plugin = entry_point.load()
-        except Exception as exc:
-            raise PluginError(
-                f"plugin {entry_point.name!r} from {package} failed to load "
-                f"({entry_point.value}): {type(exc).__name__}: {exc}"
-            ) from exc
-        dist = entry_point.dist
-        if dist is not None:
-            pm.origins[entry_point.name] = (dist.name, dist.version)
-        _register(pm, plugin, entry_point.name)
+            _load_entry_point(pm, entry_point)
+        except PluginError as exc:
+            if not registered_before and pm.get_plugin(entry_point.name) is not None:
+                pm.unregister(name=entry_point.name)  # half-registered: take it out again
+            broken.append(BrokenPlugin(entry_point.name, str(exc), _plugin_frame(exc)))
+
+
+def _warn_about_unknown_names(allowed: set[str] | None, installed: list[str]) -> None:
+    """A ``VLITE_PLUGINS`` name that no installed plugin has is most likely a typo."""
+    for name in sorted((allowed or set()) - set(installed)):
+        warnings.warn(
+            f"{ALLOW_LIST_ENV} names {name!r}, which no installed plugin has; installed: "
+            f"{', '.join(sorted(installed)) or 'none'}",
+            stacklevel=4,
+        )
+
+
+def _plugin_frame(exc: BaseException) -> str | None:
+    """``file:line`` of the innermost frame of the error's cause outside vlite's and the
+    import system's own code: where the plugin's code failed."""
+    cause = exc.__cause__ or exc
+    frames = [
+        frame
+        for frame in traceback.extract_tb(cause.__traceback__)
+        if not frame.filename.startswith("<")
+        and f"{os.sep}vlite{os.sep}core{os.sep}" not in frame.filename
+        and f"{os.sep}importlib{os.sep}" not in frame.filename
+        and f"{os.sep}pluggy{os.sep}" not in frame.filename
+    ]
+    if isinstance(cause, SyntaxError) and cause.filename:
+        return f"{cause.filename}:{cause.lineno}"
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else None
+
+
+def _load_entry_point(pm: VlitePluginManager, entry_point: metadata.EntryPoint) -> None:
+    package = _describe_distribution(entry_point)
+    if pm.get_plugin(entry_point.name) is not None:
+        raise PluginError(
+            f"plugin name {entry_point.name!r} is used twice: by "
+            f"{_describe_origin(pm, entry_point.name)} and by {package}"
+        )
+    try:
+        plugin = entry_point.load()
+    except Exception as exc:
+        raise PluginError(
+            f"plugin {entry_point.name!r} from {package} failed to load "
+            f"({entry_point.value}): {type(exc).__name__}: {exc}"
+        ) from exc
+    dist = entry_point.dist
+    if dist is not None:
+        pm.origins[entry_point.name] = (dist.name, dist.version)
+    _register(pm, plugin, entry_point.name)
 
 
 def _describe_distribution(entry_point: metadata.EntryPoint) -> str:
@@ -247,6 +326,30 @@ def check_plugin_api(plugin: Any, plugin_name: str, package: str) -> None:
         )
 
 
+def registration_problem(kind: str, obj: Any) -> str | None:
+    """Why ``obj`` cannot be registered as a ``kind`` (``None``: it can).
+
+    Every kind takes a class (the engine instantiates it); schedulers, attention backends and
+    executors subclass the core's base class, samplers and models have the methods of their
+    protocol (:class:`~vlite.core.sampler.Sampler`, :class:`~vlite.core.model.CausalLM`).
+    """
+    from vlite.core.attention import AttentionBackend
+    from vlite.core.executor import Executor
+    from vlite.core.scheduler import Scheduler
+
+    if not isinstance(obj, type):
+        return "is not a class (register the class, not an instance)"
+    bases = {"scheduler": Scheduler, "attention_backend": AttentionBackend, "executor": Executor}
+    if kind in bases and not issubclass(obj, bases[kind]):
+        base = bases[kind]
+        return f"does not subclass {base.__module__}.{base.__qualname__}"
+    methods = {"sampler": ("sample",), "model": ("forward", "compute_logits", "load_weights")}
+    missing = [m for m in methods.get(kind, ()) if not callable(getattr(obj, m, None))]
+    if missing:
+        return f"has no {', '.join(missing)} method"
+    return None
+
+
 class PluginRegistry:
     """Every class the plugins registered, by kind and name."""
 
@@ -270,6 +373,13 @@ class PluginRegistry:
         package, version = pm.origin_of(plugin_name)
 
         def register(name: str, obj: Any) -> None:
+            problem = registration_problem(kind, obj)
+            if problem is not None:
+                what = f"{obj.__module__}.{obj.__qualname__}" if isinstance(obj, type) else obj
+                raise PluginError(
+                    f"plugin {plugin_name!r} ({_join(package, version)}) registered {kind} "
+                    f"{name!r} as {str(what)[:120]}, which {problem}"
+                )
             existing = self._entries[kind].get(name)
             if existing is not None:
                 raise PluginError(

@@ -5,12 +5,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, fields
 
+from vlite.core.errors import InvalidRequestError
+
 _GREEDY_EPSILON = 1e-5
 #: The most alternatives ``logprobs`` may ask for per token (OpenAI's limit too).
 MAX_LOGPROBS = 20
 
 
-class SamplingParamsError(ValueError):
+class SamplingParamsError(InvalidRequestError):
     """An invalid sampling option; ``param`` names the field (e.g. for an HTTP 400)."""
 
     def __init__(self, message: str, param: str) -> None:

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from vlite.core.config import VliteConfig
+from vlite.core.errors import InvalidRequestError
 from vlite.core.outputs import EngineCoreOutput, RequestOutput, RequestOutputKind
 from vlite.core.request import RequestStatus
 from vlite.core.sampling_params import SamplingParams
@@ -145,7 +146,7 @@ class AsyncLLM:
                 and tokens) or ``FINAL_ONLY``.
 
         Raises:
-            ValueError: the prompt or request is invalid (the core may reject it too).
+            InvalidRequestError: the prompt or request is invalid (the core may reject it too).
             EngineGenerateError: the engine failed while running this request.
             EngineDeadError: the engine-core process is gone.
         """
@@ -176,7 +177,7 @@ class AsyncLLM:
     ) -> RequestOutputCollector:
         self._ensure_output_handler()
         if request_id in self._collectors:
-            raise ValueError(f"request_id {request_id!r} is already in use")
+            raise InvalidRequestError(f"request_id {request_id!r} is already in use")
         core_request, text = self.input_processor.process(request_id, prompt, params, priority)
         collector = RequestOutputCollector(output_kind)
         core_requests = self.output_processor.add_request(core_request, text, output_kind)
@@ -259,7 +260,7 @@ class AsyncLLM:
         self.output_processor.abort_requests(request_ids)
         if others:
             self.engine_core.abort_requests(others)
-        error_cls = ValueError if errors.is_invalid_request else EngineGenerateError
+        error_cls = InvalidRequestError if errors.is_invalid_request else EngineGenerateError
         for request_id in request_ids:
             collector = self._collectors.get(request_id)
             if collector is not None:

@@ -29,6 +29,7 @@ import zmq
 
 from vlite.core.config import VliteConfig
 from vlite.core.engine_core import EngineCore
+from vlite.core.errors import InvalidRequestError
 from vlite.core.request import RequestStatus
 from vlite.core.stats import StepTotals
 from vlite.engine.core_messages import (
@@ -178,7 +179,7 @@ class EngineCoreProc:
         request = message.request
         try:
             self.engine_core.add_request(request)
-        except ValueError as exc:  # this request can never run: reject it alone
+        except InvalidRequestError as exc:  # this request can never run: reject it alone
             self.output_queue.put(
                 RequestErrors([request.request_id], str(exc), is_invalid_request=True)
             )

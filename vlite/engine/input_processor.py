@@ -10,6 +10,7 @@ import operator
 import time
 from typing import Any
 
+from vlite.core.errors import InvalidRequestError
 from vlite.core.request import EngineCoreRequest
 from vlite.core.sampling_params import SamplingParams
 
@@ -41,12 +42,12 @@ class InputProcessor:
         if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             token_ids = _token_id_list(prompt["prompt_token_ids"])
             if self.vocab_size is not None and any(t >= self.vocab_size for t in token_ids):
-                raise ValueError(
+                raise InvalidRequestError(
                     f"prompt_token_ids holds {max(token_ids)}, outside the model's vocabulary "
                     f"(ids must be < {self.vocab_size})"
                 )
             return prompt.get("prompt"), token_ids
-        raise TypeError(
+        raise InvalidRequestError(
             f"prompt={prompt!r:.80} is invalid: expected a string or a dict with 'prompt_token_ids'"
         )
 
@@ -73,28 +74,33 @@ class InputProcessor:
         """A prompt dict (text and token ids) for a conversation, ready for a reply.
 
         Raises:
-            ValueError: the tokenizer has no chat template, or the messages do not fit it.
+            InvalidRequestError: the tokenizer has no chat template, or the messages do not
+                fit it.
         """
         if not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError("the model's tokenizer has no chat template; send plain prompts")
+            raise InvalidRequestError(
+                "the model's tokenizer has no chat template; send plain prompts"
+            )
         try:
             text = self.tokenizer.apply_chat_template(
                 messages, add_generation_prompt=True, tokenize=False
             )
         except Exception as exc:  # jinja2 errors: the template rejected these messages
-            raise ValueError(f"the chat template could not format the messages: {exc}") from exc
+            raise InvalidRequestError(
+                f"the chat template could not format the messages: {exc}"
+            ) from exc
         token_ids = self.tokenizer.encode(text, add_special_tokens=False)
         return {"prompt": text, "prompt_token_ids": token_ids}
 
 
 def _token_id_list(token_ids: Any) -> list[int]:
-    """``token_ids`` as a list of Python ints; anything else is a ``ValueError``."""
+    """``token_ids`` as a list of Python ints; anything else is an invalid request."""
     try:
         ids = [operator.index(t) for t in token_ids]
     except TypeError:
         ids = None
     if ids is None or any(t < 0 for t in ids) or isinstance(token_ids, (str, bytes)):
-        raise ValueError(
+        raise InvalidRequestError(
             f"prompt_token_ids={token_ids!r:.80} is invalid: must be a list of integers >= 0"
         )
     return ids

@@ -8,6 +8,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from vlite.core.config import VliteConfig
+from vlite.core.errors import InvalidRequestError
 from vlite.core.outputs import RequestOutput
 from vlite.core.plugins import PluginRegistry
 from vlite.core.sampling_params import SamplingParams
@@ -121,5 +122,7 @@ def _per_prompt(
         return [value] * num_prompts
     values = list(value)
     if len(values) != num_prompts:
-        raise ValueError(f"{name} has {len(values)} entries but there are {num_prompts} prompts")
+        raise InvalidRequestError(
+            f"{name} has {len(values)} entries but there are {num_prompts} prompts"
+        )
     return values

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from vlite.core.errors import InvalidRequestError
 from vlite.core.outputs import (
     CompletionOutput,
     EngineCoreOutput,
@@ -74,14 +75,16 @@ class OutputProcessor:
         """
         request_id = request.request_id
         if request_id in self._states or request_id in self._parents:
-            raise ValueError(f"request_id {request_id!r} is already in use")
+            raise InvalidRequestError(f"request_id {request_id!r} is already in use")
         if request.sampling_params.n == 1:
             self._add_state(request, prompt, output_kind)
             return [request]
         parent = ParentRequest(request, prompt, output_kind)
         children = parent.child_requests()
         if any(child.request_id in self._states for child in children):
-            raise ValueError(f"request_id {request_id!r} is already in use (by its samples)")
+            raise InvalidRequestError(
+                f"request_id {request_id!r} is already in use (by its samples)"
+            )
         self._parents[request_id] = parent
         for index, child in enumerate(children):
             self._add_state(child, prompt, output_kind, parent, index)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import uuid
 from http import HTTPStatus
 
 from fastapi import FastAPI, Request
@@ -10,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from vlite.core.errors import InvalidRequestError
 from vlite.core.sampling_params import SamplingParamsError
 from vlite.engine.exceptions import EngineDeadError, EngineGenerateError
 from vlite.server.protocol import ErrorInfo, ErrorResponse
@@ -51,19 +53,29 @@ class OpenAIError(Exception):
 
 
 def from_exception(exc: BaseException) -> OpenAIError:
-    """The OpenAIError for an error raised while serving a request."""
+    """The OpenAIError for an error raised while serving a request.
+
+    Only an :class:`~vlite.core.errors.InvalidRequestError` (and the request body's own
+    validation, see :func:`install_error_handlers`) is the client's fault: 400. Anything
+    else is the server's: 500 (503 when the engine is gone), and an unexpected exception is
+    logged with its traceback under an id the response names, never shown as bad input.
+    """
     if isinstance(exc, OpenAIError):
         return exc
     if isinstance(exc, SamplingParamsError):
         return OpenAIError(str(exc).removeprefix("SamplingParams."), param=exc.param)
-    if isinstance(exc, (ValueError, TypeError)):  # the request is invalid
+    if isinstance(exc, InvalidRequestError):
         return OpenAIError(str(exc))
     if isinstance(exc, EngineDeadError):
         return OpenAIError(str(exc), HTTPStatus.SERVICE_UNAVAILABLE)
     if isinstance(exc, EngineGenerateError):
         return OpenAIError(str(exc), HTTPStatus.INTERNAL_SERVER_ERROR)
-    logger.exception("unexpected error while serving a request", exc_info=exc)
-    return OpenAIError(f"internal error: {exc!r}", HTTPStatus.INTERNAL_SERVER_ERROR)
+    error_id = uuid.uuid4().hex[:12]
+    logger.error("internal error %s while serving a request", error_id, exc_info=exc)
+    return OpenAIError(
+        f"internal server error (id {error_id}; the server's log has the details)",
+        HTTPStatus.INTERNAL_SERVER_ERROR,
+    )
 
 
 def _validation_error(exc: RequestValidationError) -> OpenAIError:
@@ -93,6 +105,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
         return _validation_error(exc).to_json_response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        return from_exception(exc).to_json_response()
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from vlite.core.errors import InvalidRequestError
 from vlite.core.outputs import PositionLogprobs, RequestOutput
 from vlite.core.sampling_params import MAX_LOGPROBS
 from vlite.server.errors import OpenAIError
@@ -36,7 +37,7 @@ class ChatServing(OpenAIServing):
         num_top = _num_top_logprobs(request)
         try:
             prompt = self.engine.apply_chat_template(_template_messages(request.messages))
-        except ValueError as exc:
+        except InvalidRequestError as exc:
             raise OpenAIError(str(exc), param="messages") from None
         max_tokens = request.max_completion_tokens or request.max_tokens
         if max_tokens is None:

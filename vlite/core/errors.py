@@ -1,0 +1,19 @@
+"""The errors vlite raises on purpose, by what they mean for the caller.
+
+- :class:`VliteError`: the base; anything else escaping vlite is a bug (or a failure
+  beneath it), never a verdict on the caller's input.
+- :class:`InvalidRequestError`: a request that can never run as given (an empty prompt, one
+  longer than the model's context, a sampling value out of range, a request id in use).
+  The message names the bad value and what is allowed; the server answers it with 400.
+  It is also a ``ValueError``, so code that caught ``ValueError`` keeps working.
+"""
+
+from __future__ import annotations
+
+
+class VliteError(Exception):
+    """Base class of vlite's own errors."""
+
+
+class InvalidRequestError(VliteError, ValueError):
+    """A request that can never run as given; the message says why and what is allowed."""
