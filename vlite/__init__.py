@@ -2,9 +2,10 @@
 
 from vlite.core.hookspecs import PLUGIN_API_VERSION, hookimpl
 from vlite.core.outputs import CompletionOutput, RequestOutput, RequestOutputKind
+from vlite.core.plugins import vlite_version
 from vlite.core.sampling_params import SamplingParams
 
-__version__ = "0.1.0"
+__version__ = vlite_version()
 
 
 def __getattr__(name: str):

@@ -33,7 +33,7 @@ class FaultyEngineCore(EngineCore):
         return super().step()
 
 
-def failing_core_factory(config: VliteConfig) -> EngineCore:
+def failing_core_factory(config: VliteConfig, model_spec) -> EngineCore:
     raise RuntimeError("this core refuses to start")
 
 

@@ -1,8 +1,8 @@
 """Every conformance suite over every built-in plugin, discovered from the registry.
 
-A plugin registered through ``vlite.core.plugins.BUILTIN_PLUGINS`` is conformance-tested
-here without any change to this file. Installed third-party plugins are not loaded (their
-own tests run the suites on them).
+A built-in plugin (one of vlite's ``vlite.builtin`` entry points, in pyproject.toml) is
+conformance-tested here without any change to this file. Installed third-party plugins are
+not loaded (their own tests run the suites on them).
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ def bench_command(
     config = build_config(config_file, pop_engine_overrides(options))
     engine = _construct(LLM, config).llm_engine
     rng = random.Random(config.seed)
-    vocab_size = min(len(engine.tokenizer), engine.engine_core.model_spec.hf_config.vocab_size)
+    vocab_size = min(len(engine.tokenizer), engine.model_spec.hf_config.vocab_size)
     arrivals = [
         Arrival(
             index * arrive_every,

@@ -7,13 +7,13 @@ from vlite.core.config import VliteConfig
 from vlite.core.errors import InvalidRequestError
 from vlite.core.executor import Executor
 from vlite.core.kv_cache import KVCacheManager
+from vlite.core.model import ModelDescription
 from vlite.core.outputs import EngineCoreOutputs
 from vlite.core.plugins import PluginRegistry, build_plugin_manager
 from vlite.core.request import EngineCoreRequest, Request, RequestStatus
 from vlite.core.sampler import unsupported_sampling_options
 from vlite.core.scheduler import Scheduler, SchedulerLimits
 from vlite.core.stats import BatchEntry, StepObserver, StepRecord, StepStats
-from vlite.models.spec import ModelSpec
 
 
 class EngineCore:
@@ -21,16 +21,23 @@ class EngineCore:
 
     Args:
         config: the engine configuration.
+        model_spec: the resolved model (``vlite.models.spec.ModelSpec.from_config``), passed
+            in by the engine above so that the core imports no model code.
         registry: plugin classes to draw from; by default a fresh plugin manager's.
     """
 
-    def __init__(self, config: VliteConfig, registry: PluginRegistry | None = None) -> None:
+    def __init__(
+        self,
+        config: VliteConfig,
+        model_spec: ModelDescription,
+        registry: PluginRegistry | None = None,
+    ) -> None:
         self.config = config
         self.registry = registry or PluginRegistry(build_plugin_manager())
         scheduler_cls = self.registry.get("scheduler", config.scheduler)
         executor_cls = self.registry.get("executor", config.executor)
         self.sampler_cls = self.registry.get("sampler", config.sampler)
-        self.model_spec = ModelSpec.from_config(config)
+        self.model_spec = model_spec
         #: The attention backend in use: what "auto" picks for this device, dtype and model.
         self.attention_backend_name, _ = resolve_attention_backend(
             config.attention_backend,

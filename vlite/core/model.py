@@ -3,11 +3,34 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
 from vlite.core.attention import AttentionBackend, AttentionMetadata
+
+
+class ModelDescription(Protocol):
+    """What the engine core reads about the model before any worker runs.
+
+    The layer above resolves the model and passes this in
+    (:class:`vlite.models.spec.ModelSpec`), so the core imports no model code.
+    """
+
+    @property
+    def max_model_len(self) -> int:
+        """The context length requests must fit in."""
+        ...
+
+    @property
+    def head_dim(self) -> int:
+        """Values per attention head (the attention backend's shape)."""
+        ...
+
+    def quantization_plan(self, setting: str, device: torch.device) -> Any:
+        """Which weights stay quantized for ``setting`` on ``device`` (``describe(dtype)``
+        gives the line ``vlite run`` prints)."""
+        ...
 
 
 class CausalLM(Protocol):

@@ -1,9 +1,10 @@
 """Plugin manager factory and the registry of named plugin classes.
 
-Built-in plugins are modules listed in :data:`BUILTIN_PLUGINS`, registered through the
-same hooks as third-party ones; third-party plugins come from the ``vlite`` entry-point
-group. Every engine builds its own manager with :func:`build_plugin_manager` and reads
-the classes it needs from a :class:`PluginRegistry` once, at construction.
+Built-in plugins are the modules of vlite's own ``vlite.builtin`` entry points
+(:func:`builtin_plugin_modules`), registered through the same hooks as third-party ones;
+third-party plugins come from the ``vlite`` entry-point group. Every engine builds its own
+manager with :func:`build_plugin_manager` and reads the classes it needs from a
+:class:`PluginRegistry` once, at construction.
 
 Loading is loud: a plugin that fails to import, fails pluggy's validation, requires another
 plugin API version (:func:`check_plugin_api`) or registers a name twice raises
@@ -31,23 +32,10 @@ from vlite.core import hookspecs
 from vlite.core.errors import VliteError
 from vlite.core.hookspecs import PLUGIN_API_VERSION
 
-#: Modules whose hook implementations ship with vlite.
-BUILTIN_PLUGINS: tuple[str, ...] = (
-    "vlite.plugins.schedulers.fcfs",
-    "vlite.plugins.schedulers.priority",
-    "vlite.plugins.schedulers.chunked_prefill",
-    "vlite.plugins.attention.torch_ref",
-    "vlite.plugins.attention.cpu_native",
-    "vlite.plugins.attention.triton_paged",
-    "vlite.plugins.attention.flash",
-    "vlite.plugins.attention.auto",
-    "vlite.plugins.samplers.default",
-    "vlite.plugins.executors.uniproc",
-    "vlite.plugins.executors.multiproc",
-    "vlite.models.llama",
-)
-
 ENTRY_POINT_GROUP = "vlite"
+#: Entry-point group, in vlite's own package metadata, of the modules whose hook
+#: implementations ship with vlite (``pyproject.toml`` lists them).
+BUILTIN_GROUP = "vlite.builtin"
 ALLOW_LIST_ENV = "VLITE_PLUGINS"
 #: Module-level attribute in which a plugin declares the plugin API versions it supports.
 API_REQUIREMENT_ATTRIBUTE = "VLITE_PLUGIN_API"
@@ -60,6 +48,34 @@ PLUGIN_KINDS: dict[str, str] = {
     "executor": "register_executors",
     "model": "register_models",
 }
+
+
+def builtin_plugin_modules() -> tuple[str, ...]:
+    """The modules of vlite's built-in plugins, from its package metadata.
+
+    Raises:
+        PluginError: the metadata lists none (an install from before they were declared
+            there): reinstalling vlite writes them.
+    """
+    modules = tuple(
+        entry_point.value
+        for entry_point in metadata.entry_points(group=BUILTIN_GROUP)
+        if entry_point.dist is None or entry_point.dist.name == "vlite"
+    )
+    if not modules:
+        raise PluginError(
+            f"vlite's package metadata declares no built-in plugins (entry-point group "
+            f"{BUILTIN_GROUP!r}); reinstall vlite, e.g. pip install -e ."
+        )
+    return modules
+
+
+def vlite_version() -> str:
+    """The installed vlite's version, from its package metadata (one source: pyproject)."""
+    try:
+        return metadata.version("vlite")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 class PluginError(VliteError, RuntimeError):
@@ -129,11 +145,10 @@ def build_plugin_manager(
         PluginError: a plugin failed to import or to validate, or requires a plugin API
             version this vlite does not provide; the message names plugin and package.
     """
-    from vlite import __version__
-
     pm = VlitePluginManager()
-    for module_name in BUILTIN_PLUGINS:
-        pm.origins[module_name] = ("vlite", __version__)
+    builtins = builtin_plugin_modules()
+    for module_name in builtins:
+        pm.origins[module_name] = ("vlite", vlite_version())
         _register(pm, importlib.import_module(module_name), module_name)
     if load_entry_points:
         _load_entry_points(pm, broken)
@@ -149,7 +164,7 @@ def build_plugin_manager(
                 f"plugin {_label(exc.plugin, name)!r} from {_describe_origin(pm, name)} is "
                 f"invalid: {exc}"
             )
-            if broken is None or name in BUILTIN_PLUGINS or name not in pm.origins:
+            if broken is None or name in builtins or name not in pm.origins:
                 raise error from exc
             pm.unregister(exc.plugin)
             broken.append(BrokenPlugin(name, str(error), None))
@@ -317,11 +332,9 @@ def check_plugin_api(plugin: Any, plugin_name: str, package: str) -> None:
             f"{API_REQUIREMENT_ATTRIBUTE}={requirement!r}: {exc}"
         ) from None
     if not is_allowed:
-        from vlite import __version__
-
         raise PluginError(
             f"plugin {plugin_name!r} from {package} requires vlite plugin API "
-            f"{requirement!r}, but vlite {__version__} provides plugin API version "
+            f"{requirement!r}, but vlite {vlite_version()} provides plugin API version "
             f"{PLUGIN_API_VERSION}; install a vlite (or a plugin version) that matches"
         )
 

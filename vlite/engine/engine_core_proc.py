@@ -50,11 +50,13 @@ from vlite.engine.core_messages import (
     encoder,
     input_decoder,
 )
+from vlite.models.spec import ModelSpec
 
 logger = logging.getLogger(__name__)
 
-#: Builds the EngineCore in the child; must be picklable (a class or module-level function).
-EngineCoreFactory = Callable[[VliteConfig], EngineCore]
+#: Builds the EngineCore in the child from the config and the resolved model; must be
+#: picklable (a class or module-level function). Default: ``EngineCore`` itself.
+EngineCoreFactory = Callable[[VliteConfig, ModelSpec], EngineCore]
 
 # How long the output thread may take to flush its last messages at shutdown.
 _OUTPUT_LINGER_MS = 2000
@@ -261,7 +263,7 @@ def run_engine_core(
     engine_core = None
     try:
         config = VliteConfig(**config_fields)
-        engine_core = (engine_core_factory or EngineCore)(config)
+        engine_core = (engine_core_factory or EngineCore)(config, ModelSpec.from_config(config))
         proc = EngineCoreProc(engine_core, input_address, output_address)
     except BaseException as exc:
         if not isinstance(exc, (ValueError, FileNotFoundError)):  # else: a user error,

@@ -14,6 +14,7 @@ from vlite.core.sampling_params import SamplingParams
 from vlite.core.stats import StepObserver, StepStats
 from vlite.engine.input_processor import InputProcessor, Prompt
 from vlite.engine.output_processor import OutputProcessor
+from vlite.models.spec import ModelSpec
 
 
 class LLMEngine:
@@ -21,8 +22,8 @@ class LLMEngine:
 
     def __init__(self, config: VliteConfig, registry: PluginRegistry | None = None) -> None:
         self.config = config
-        self.engine_core = EngineCore(config, registry)
-        model_spec = self.engine_core.model_spec
+        self.model_spec = model_spec = ModelSpec.from_config(config)
+        self.engine_core = EngineCore(config, model_spec, registry)
         self.tokenizer = model_spec.load_tokenizer()
         self.input_processor = InputProcessor(self.tokenizer, model_spec.hf_config.vocab_size)
         self.output_processor = OutputProcessor(self.tokenizer)
