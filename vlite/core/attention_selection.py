@@ -63,15 +63,17 @@ def unavailable_reason(backend_cls: Any, device: torch.device, dtype: torch.dtyp
 def limits_violation(
     backend_cls: Any, dtype: torch.dtype, head_dim: int | None, block_size: int | None
 ) -> str | None:
-    """Which declared limit (dtype, head dim, block size) excludes this shape, or ``None``."""
-    if dtype not in getattr(backend_cls, "supported_dtypes", ()):
-        return f"dtype {dtype_name(dtype)}"
-    head_dims = getattr(backend_cls, "supported_head_dims", None)
-    if head_dim is not None and head_dims is not None and head_dim not in head_dims:
-        return f"head dim {head_dim}"
-    block_sizes = getattr(backend_cls, "supported_block_sizes", None)
-    if block_size is not None and block_sizes is not None and block_size not in block_sizes:
-        return f"block size {block_size}"
+    """Which declared limit (dtype, head dim, block size) excludes this shape, with what the
+    backend allows (``"head dim 8; it supports: 16, 32"``), or ``None``."""
+    dtypes = getattr(backend_cls, "supported_dtypes", ())
+    if dtype not in dtypes:
+        return f"dtype {dtype_name(dtype)}; it supports: {', '.join(map(dtype_name, dtypes))}"
+    for what, value, allowed in (
+        ("head dim", head_dim, getattr(backend_cls, "supported_head_dims", None)),
+        ("block size", block_size, getattr(backend_cls, "supported_block_sizes", None)),
+    ):
+        if value is not None and allowed is not None and value not in allowed:
+            return f"{what} {value}; it supports: {', '.join(map(str, allowed))}"
     return None
 
 

@@ -16,6 +16,34 @@ from vlite.core.scheduler import Scheduler, SchedulerLimits
 from vlite.core.stats import BatchEntry, StepObserver, StepRecord, StepStats
 
 
+def _check_prefix_caching(
+    config: VliteConfig, scheduler_cls: type, attention_cls: type, attention_name: str
+) -> None:
+    """Refuse a configuration that needs a capability its plugins say they lack.
+
+    Prefix caching (on by default) and chunked prefill both hand the attention backend
+    sequences that bring several new tokens after cached context; a plugin with
+    ``supports_prefix_caching = False`` cannot take them.
+    """
+    plugins = (
+        ("scheduler", config.scheduler, scheduler_cls),
+        ("attention backend", attention_name, attention_cls),
+    )
+    for kind, name, cls in plugins:
+        if config.enable_prefix_caching and not getattr(cls, "supports_prefix_caching", True):
+            raise ValueError(
+                f"{kind} {name!r} does not support prefix caching (supports_prefix_caching = "
+                "False); turn it off with enable_prefix_caching=False (--no-prefix-caching)"
+            )
+    if getattr(scheduler_cls, "supports_chunked_prefill", False) and not getattr(
+        attention_cls, "supports_prefix_caching", True
+    ):
+        raise ValueError(
+            f"scheduler {config.scheduler!r} splits prompts into chunks, which attention "
+            f"backend {attention_name!r} cannot attend over (supports_prefix_caching = False)"
+        )
+
+
 class EngineCore:
     """Schedules, executes and samples, one step at a time.
 
@@ -39,7 +67,7 @@ class EngineCore:
         self.sampler_cls = self.registry.get("sampler", config.sampler)
         self.model_spec = model_spec
         #: The attention backend in use: what "auto" picks for this device, dtype and model.
-        self.attention_backend_name, _ = resolve_attention_backend(
+        self.attention_backend_name, attention_cls = resolve_attention_backend(
             config.attention_backend,
             config.torch_device,
             config.torch_dtype,
@@ -47,6 +75,7 @@ class EngineCore:
             head_dim=self.model_spec.head_dim,
             block_size=config.block_size,
         )
+        _check_prefix_caching(config, scheduler_cls, attention_cls, self.attention_backend_name)
         #: Which weights stay quantized (``config.quantization`` for this model and device).
         self.quantization = self.model_spec.quantization_plan(
             config.quantization, config.torch_device

@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from vlite.core.attention_selection import resolve_attention_backend
+from vlite.core.attention_selection import limits_violation, resolve_attention_backend
 from vlite.core.config import VliteConfig
 from vlite.core.outputs import ModelRunnerOutput, SchedulerOutput
 from vlite.core.plugins import PluginRegistry
@@ -158,20 +158,6 @@ def _can_read_cpu_times() -> bool:
 def _check_backend_supports(
     backend_cls, name: str, dtype: torch.dtype, head_dim: int, block_size: int
 ) -> None:
-    supported = getattr(backend_cls, "supported_dtypes", ())
-    if dtype not in supported:
-        allowed = ", ".join(str(d).removeprefix("torch.") for d in supported)
-        raise ValueError(
-            f"attention backend {name!r} does not support dtype "
-            f"{str(dtype).removeprefix('torch.')}; it supports: {allowed}"
-        )
-    for what, value, limits in (
-        ("head dim", head_dim, getattr(backend_cls, "supported_head_dims", None)),
-        ("block size", block_size, getattr(backend_cls, "supported_block_sizes", None)),
-    ):
-        if limits is not None and value not in limits:
-            allowed = ", ".join(map(str, limits))
-            raise ValueError(
-                f"attention backend {name!r} does not support {what} {value}; "
-                f"it supports: {allowed}"
-            )
+    violation = limits_violation(backend_cls, dtype, head_dim, block_size)
+    if violation is not None:
+        raise ValueError(f"attention backend {name!r} does not support {violation}")

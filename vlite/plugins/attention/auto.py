@@ -105,7 +105,7 @@ class AutoAttentionBackend(AttentionBackend):
             reasons.append(f"{name}: {reason}")
         raise ValueError(
             f"attention backend 'auto' found no backend for {device.type} in "
-            f"{dtype_name(dtype)}: " + "; ".join(reasons)
+            f"{dtype_name(dtype)}: " + " | ".join(reasons)
         )
 
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
