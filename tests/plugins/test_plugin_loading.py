@@ -238,19 +238,20 @@ def test_built_in_plugins_load_whatever_the_allow_list(monkeypatch):
 @pytest.mark.parametrize(
     ("requirement", "clauses"),
     [
-        (1, [(">=", 1)]),
-        ("1", [(">=", 1)]),
-        (">=1", [(">=", 1)]),
-        (" >= 1 , < 3 ", [(">=", 1), ("<", 3)]),
-        ("==2,!=3", [("==", 2), ("!=", 3)]),
-        ("<=4,>0", [("<=", 4), (">", 0)]),
+        (1, {(">=", "1")}),
+        ("1", {(">=", "1")}),
+        (">=1", {(">=", "1")}),
+        (" >= 1 , < 3 ", {(">=", "1"), ("<", "3")}),
+        ("==2,!=3", {("==", "2"), ("!=", "3")}),
+        ("<=4,>0", {("<=", "4"), (">", "0")}),
     ],
 )
 def test_parse_api_requirement(requirement, clauses):
-    assert parse_api_requirement(requirement) == clauses
+    parsed = parse_api_requirement(requirement)
+    assert {(spec.operator, spec.version) for spec in parsed} == clauses
 
 
-@pytest.mark.parametrize("requirement", ["", "one", ">=1.5", "~=1", ">=1;<2", True, 1.0, None])
+@pytest.mark.parametrize("requirement", ["", "one", "~=1", ">=1;<2", ">>1", True, 1.0, None])
 def test_parse_api_requirement_rejects_malformed(requirement):
     with pytest.raises(ValueError):
         parse_api_requirement(requirement)

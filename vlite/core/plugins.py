@@ -17,9 +17,7 @@ package cannot take the whole CLI down.
 from __future__ import annotations
 
 import importlib
-import operator
 import os
-import re
 import traceback
 import warnings
 from dataclasses import dataclass
@@ -27,6 +25,7 @@ from importlib import metadata
 from typing import Any
 
 import pluggy
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from vlite.core import hookspecs
 from vlite.core.errors import VliteError
@@ -279,41 +278,29 @@ def _describe_distribution(entry_point: metadata.EntryPoint) -> str:
     return f"package {dist.name} {dist.version}"
 
 
-_API_OPERATORS = {
-    ">=": operator.ge,
-    "<=": operator.le,
-    "==": operator.eq,
-    "!=": operator.ne,
-    ">": operator.gt,
-    "<": operator.lt,
-}
-_API_CLAUSE = re.compile(r"(>=|<=|==|!=|>|<)?\s*(\d+)")
-
-
-def parse_api_requirement(requirement: int | str) -> list[tuple[str, int]]:
-    """``">=1,<3"`` -> ``[(">=", 1), ("<", 3)]``; a bare ``N`` (int or string) means ``>=N``.
+def parse_api_requirement(requirement: int | str) -> SpecifierSet:
+    """``VLITE_PLUGIN_API`` as a :class:`packaging.specifiers.SpecifierSet`: ``">=1,<3"`` as
+    written, a bare ``N`` (int or string) as ``>=N``.
 
     Raises:
-        ValueError: the requirement is not an int or a comma list of ``OP N`` clauses.
+        ValueError: the requirement is not an int or a version specifier such as ``>=1``.
     """
     if isinstance(requirement, int) and not isinstance(requirement, bool):
-        return [(">=", requirement)]
+        return SpecifierSet(f">={requirement}")
     if not isinstance(requirement, str) or not requirement.strip():
         raise ValueError("expected an int or a string such as '>=1' or '>=1,<3'")
-    clauses = []
-    for clause in requirement.split(","):
-        match = _API_CLAUSE.fullmatch(clause.strip())
-        if match is None:
-            raise ValueError(f"cannot parse {clause.strip()!r}; expected e.g. '>=1' or '<3'")
-        clauses.append((match.group(1) or ">=", int(match.group(2))))
-    return clauses
+    text = requirement.strip()
+    if text.isdigit():
+        text = f">={text}"
+    try:
+        return SpecifierSet(text)
+    except InvalidSpecifier:
+        raise ValueError(f"cannot parse {requirement!r}; expected e.g. '>=1' or '>=1,<3'") from None
 
 
 def api_requirement_allows(requirement: int | str, version: int = PLUGIN_API_VERSION) -> bool:
     """Whether plugin API ``version`` satisfies every clause of ``requirement``."""
-    return all(
-        _API_OPERATORS[op](version, bound) for op, bound in parse_api_requirement(requirement)
-    )
+    return parse_api_requirement(requirement).contains(str(version), prereleases=True)
 
 
 def check_plugin_api(plugin: Any, plugin_name: str, package: str) -> None:
