@@ -145,9 +145,9 @@ def build_plugin_manager(
             version this vlite does not provide; the message names plugin and package.
     """
     pm = VlitePluginManager()
-    builtins = builtin_plugin_modules()
+    builtins, version = builtin_plugin_modules(), vlite_version()
     for module_name in builtins:
-        pm.origins[module_name] = ("vlite", vlite_version())
+        pm.origins[module_name] = ("vlite", version)
         _register(pm, importlib.import_module(module_name), module_name)
     if load_entry_points:
         _load_entry_points(pm, broken)
@@ -212,13 +212,12 @@ def _load_entry_points(pm: VlitePluginManager, broken: list[BrokenPlugin] | None
     for entry_point in entry_points:
         if allowed is not None and entry_point.name not in allowed:
             continue
-        if broken is None:
-            _load_entry_point(pm, entry_point)
-            continue
         registered_before = pm.get_plugin(entry_point.name) is not None
         try:
             _load_entry_point(pm, entry_point)
         except PluginError as exc:
+            if broken is None:
+                raise
             if not registered_before and pm.get_plugin(entry_point.name) is not None:
                 pm.unregister(name=entry_point.name)  # half-registered: take it out again
             broken.append(BrokenPlugin(entry_point.name, str(exc), _plugin_frame(exc)))
@@ -238,6 +237,8 @@ def _plugin_frame(exc: BaseException) -> str | None:
     """``file:line`` of the innermost frame of the error's cause outside vlite's and the
     import system's own code: where the plugin's code failed."""
     cause = exc.__cause__ or exc
+    if isinstance(cause, SyntaxError) and cause.filename:
+        return f"{cause.filename}:{cause.lineno}"
     frames = [
         frame
         for frame in traceback.extract_tb(cause.__traceback__)
@@ -246,8 +247,6 @@ def _plugin_frame(exc: BaseException) -> str | None:
         and f"{os.sep}importlib{os.sep}" not in frame.filename
         and f"{os.sep}pluggy{os.sep}" not in frame.filename
     ]
-    if isinstance(cause, SyntaxError) and cause.filename:
-        return f"{cause.filename}:{cause.lineno}"
     return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else None
 
 
