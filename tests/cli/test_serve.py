@@ -65,8 +65,10 @@ def test_serve_as_a_subprocess_answers_and_stops_cleanly(tmp_path):
     seen: list[str] = []
     try:
         assert _wait_for_line(lines, r"attention backend: (\w+)", seen).group(1) == "cpu"
-        scheduling = _wait_for_line(lines, r"scheduler: ([\w-]+), (\d+) tokens per step", seen)
-        assert scheduling.groups() == ("chunked-prefill", "128")  # the serving default on CPU
+        scheduling = _wait_for_line(
+            lines, r"scheduler: ([\w-]+), (\d+) tokens per step, chunked prefill (\w+)", seen
+        )
+        assert scheduling.groups() == ("fcfs", "128", "on")  # the serving defaults on CPU
         core_pid = int(_wait_for_line(lines, r"engine core: pid (\d+)", seen).group(1))
         address = _wait_for_line(lines, r"at (http://127\.0\.0\.1:\d+)", seen).group(1)
 

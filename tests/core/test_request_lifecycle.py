@@ -42,7 +42,7 @@ def test_single_request_trace(make_engine):
     outputs = [(s.outputs["a"].new_token_ids, s.outputs["a"].finish_reason) for s in engine.steps]
     assert outputs == [([1000], None), ([1001], None), ([1002], "length")]
     assert request.output_token_ids == [1000, 1001, 1002]
-    assert engine.kv.num_free_blocks == engine.kv.num_blocks
+    assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
 
 
 def test_trace_through_preemption_and_resumption(make_engine):

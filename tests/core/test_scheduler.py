@@ -1,6 +1,6 @@
-"""FcfsScheduler driven by a fake model (see ``conftest.FakeEngine``).
+"""The FCFS policy on the core scheduler, driven by a fake model (``conftest.make_engine``).
 
-Every step of every test also checks, in the fake engine, that the step's token budget and
+Every step of every test also checks, in the driver, that the step's token budget and
 ``max_num_seqs`` hold, that the scheduler's diffs rebuild the same per-request state on the
 worker side, and that every KV block is either free or held with a matching ref count.
 """
@@ -11,7 +11,7 @@ import random
 
 from vlite.core.outputs import ModelRunnerOutput
 from vlite.core.request import RequestStatus
-from vlite.core.scheduler import Scheduler
+from vlite.core.scheduling_policy import SchedulingPolicy
 
 ABORTED = RequestStatus.FINISHED_ABORTED
 
@@ -75,7 +75,7 @@ def test_token_budget_and_max_num_seqs_hold_every_step(make_engine):
         for request_id, output in step.outputs.items():
             num_outputs[request_id] = num_outputs.get(request_id, 0) + len(output.new_token_ids)
     assert num_outputs == expected_num_outputs
-    assert engine.kv.num_free_blocks == engine.kv.num_blocks
+    assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
 
 
 def test_waiting_request_that_does_not_fit_the_budget_waits_in_arrival_order(make_engine):
@@ -144,12 +144,12 @@ def test_preemption_sends_the_latest_admitted_request_back_to_waiting(make_engin
     assert b.status is RequestStatus.PREEMPTED
     assert b.num_computed_tokens == 0
     assert b.num_output_tokens == 6  # generated tokens are kept for the recompute
-    assert b.block_ids == []
-    assert engine.kv.block_ids_of("b") == []
+    assert engine.kv_cache.block_ids_of("b") == []
+    assert engine.kv_cache.block_ids_of("b") == []
     assert engine.scheduler.waiting == [b]
     assert engine.scheduler.running == [a]
     assert b.num_preemptions == 1
-    assert engine.kv.num_free_blocks == 2  # b's 3 blocks came back, a took 1
+    assert engine.kv_cache.num_free_blocks == 2  # b's 3 blocks came back, a took 1
 
 
 def test_preempted_request_resumes_and_finishes_with_all_its_tokens(make_engine):
@@ -178,7 +178,7 @@ def test_preempted_request_resumes_and_finishes_with_all_its_tokens(make_engine)
     assert b.output_token_ids == list(range(1000, 1008))
     assert a.status is b.status is RequestStatus.FINISHED_LENGTH_CAPPED
     assert engine.scheduler.num_preemptions == 1
-    assert engine.kv.num_free_blocks == engine.kv.num_blocks
+    assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
 
 
 def test_preempted_request_recomputes_everything_without_prefix_caching(make_engine):
@@ -200,7 +200,7 @@ def test_preempted_request_recomputes_everything_without_prefix_caching(make_eng
     assert cached.num_computed_tokens == 0
     assert scheduled(step)["b"] == 13
     assert b.output_token_ids == list(range(1000, 1008))
-    assert engine.kv.num_free_blocks == engine.kv.num_blocks
+    assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
 
 
 def test_many_requests_under_memory_pressure_all_finish_without_leaks(make_engine):
@@ -221,8 +221,8 @@ def test_many_requests_under_memory_pressure_all_finish_without_leaks(make_engin
         for request_id, output in step.outputs.items():
             outputs.setdefault(request_id, []).extend(output.new_token_ids)
     assert outputs == expected
-    assert engine.kv.num_free_blocks == engine.kv.num_blocks
-    assert all(block.ref_count == 0 for block in engine.kv.blocks)
+    assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
+    assert all(block.ref_count == 0 for block in engine.kv_cache.blocks)
 
 
 # ---- abort -------------------------------------------------------------------------------
@@ -234,14 +234,14 @@ def test_abort_of_a_waiting_request(make_engine):
     b = engine.add("b", [4, 5, 6])
     engine.step()
     assert b.status is RequestStatus.WAITING
-    num_free = engine.kv.num_free_blocks
+    num_free = engine.kv_cache.num_free_blocks
 
     engine.scheduler.finish_requests(["b"], ABORTED)
 
     assert b.status is ABORTED
     assert b not in engine.scheduler.waiting
     assert "b" not in engine.scheduler.requests
-    assert engine.kv.num_free_blocks == num_free
+    assert engine.kv_cache.num_free_blocks == num_free
     assert engine.step().scheduler_output.finished_request_ids == ["b"]
     engine.scheduler.finish_requests(["b"], ABORTED)  # idempotent
     assert engine.step().scheduler_output.finished_request_ids == []
@@ -253,14 +253,14 @@ def test_abort_of_a_running_request_frees_its_blocks_and_admits_the_next(make_en
     engine.add("b", [50, 51])
     engine.step()
     engine.step()
-    assert len(engine.kv.block_ids_of("a")) == 3
+    assert len(engine.kv_cache.block_ids_of("a")) == 3
 
     engine.scheduler.finish_requests(["a", "unknown-id"], ABORTED)
     engine.scheduler.finish_requests(["a"], ABORTED)
 
     assert a.status is ABORTED
-    assert a.block_ids == []
-    assert engine.kv.num_free_blocks == engine.kv.num_blocks
+    assert engine.kv_cache.block_ids_of("a") == []
+    assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
     assert engine.scheduler.running == []
     result = engine.step()
     assert result.scheduler_output.finished_request_ids == ["a"]
@@ -281,7 +281,7 @@ def test_abort_between_schedule_and_update_drops_the_sampled_token(make_engine):
     assert out.outputs == []
     assert a.output_token_ids == [1000]
     assert a.status is ABORTED
-    assert engine.kv.num_free_blocks == engine.kv.num_blocks
+    assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
     assert engine.scheduler.schedule().finished_request_ids == ["a"]
 
 
@@ -297,7 +297,7 @@ def test_abort_of_a_preempted_request(make_engine):
     assert engine.scheduler.waiting == []
     assert engine.step().scheduler_output.finished_request_ids == ["b"]
     engine.run()
-    assert engine.kv.num_free_blocks == engine.kv.num_blocks
+    assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
 
 
 # ---- prefix caching ----------------------------------------------------------------------
@@ -308,7 +308,7 @@ def test_prefix_cache_hit_reduces_the_scheduled_tokens_of_a_second_request(make_
     prompt_a = list(range(20))
     engine.add("a", prompt_a)
     engine.step()
-    a_blocks = engine.kv.block_ids_of("a")
+    a_blocks = engine.kv_cache.block_ids_of("a")
 
     b = engine.add("b", prompt_a[:16] + [90, 91, 92, 93])
     result = engine.step()
@@ -319,10 +319,10 @@ def test_prefix_cache_hit_reduces_the_scheduled_tokens_of_a_second_request(make_
     assert new.block_ids[:4] == a_blocks[:4]
     assert b.num_cached_tokens == 16
     assert result.outputs["b"].num_cached_tokens == 16
-    assert [engine.kv.blocks[i].ref_count for i in a_blocks[:5]] == [2, 2, 2, 2, 1]
+    assert [engine.kv_cache.blocks[i].ref_count for i in a_blocks[:5]] == [2, 2, 2, 2, 1]
     # Each admission is counted once: a's 20 tokens (no hit), then b's 20 (16 hit).
-    assert engine.kv.num_prefix_queried_tokens == 40
-    assert engine.kv.num_prefix_hit_tokens == 16
+    assert engine.kv_cache.num_prefix_queried_tokens == 40
+    assert engine.kv_cache.num_prefix_hit_tokens == 16
 
 
 def test_without_prefix_caching_the_second_request_computes_its_whole_prompt(make_engine):
@@ -341,47 +341,47 @@ def test_without_prefix_caching_the_second_request_computes_its_whole_prompt(mak
 # ---- the shared mechanism under another policy -------------------------------------------
 
 
-class ChunkingEarliestVictimScheduler(Scheduler):
-    """A test-only policy: prompts in chunks of at most 8 tokens, and the victim is the
+class EarliestVictimPolicy(SchedulingPolicy):
+    """A test-only policy: chunks prompts (at most 8 tokens a step), and the victim is the
     *earliest*-admitted running request, which may already be scheduled in this step (as
     with a priority policy); ``vlite.core.scheduler._StepPlan.unschedule`` exists for it."""
 
-    supports_chunked_prefill = True
+    default_enable_chunked_prefill = True
 
     def waiting_sort_key(self, request):
-        return (self.arrival_index(request),)
+        return (request.arrival_index,)
 
     def choose_victim(self, running):
         return running[0]
 
-    def num_tokens_to_schedule(self, request, num_pending, budget):
-        return min(num_pending, budget, 8)
+    def max_chunk_tokens(self, request):
+        return 8
 
 
 def test_preempting_a_request_scheduled_earlier_in_the_step_caches_none_of_its_new_blocks(
     make_engine,
 ):
     # 5 blocks of 4 slots, budget 12.
-    # Step 1: a computes prompt tokens 0-7 (blocks a0 a1); b (4 tokens) is admitted (b0).
-    # Step 2: a is scheduled for tokens 8-15 (takes a2 a3: cache full); b then needs a block
-    #         for its 5th token, so the policy preempts a, which is unscheduled: tokens 8-15
-    #         are never computed. b takes a3, the head of the free queue.
-    # Step 3: b runs and finishes. Step 4: a is re-admitted. Only tokens 0-7 ever had their
-    #         K/V written, so at most 8 tokens may come from the prefix cache: block a2 must
-    #         not be offered as a cached block for tokens 8-11.
+    # Step 1: a computes prompt tokens 0-7 (blocks a0 a1); c computes tokens 0-3 (c0).
+    # Step 2: both are prefilling, in admission order: a is scheduled for tokens 8-15
+    #         (takes a2 a3: cache full); c then needs a block for tokens 4-7, so the policy
+    #         preempts a, which is unscheduled: tokens 8-15 are never computed.
+    # Later a is re-admitted. Only tokens 0-7 ever had their K/V written, so at most 8
+    # tokens may come from the prefix cache: block a2 must not be offered as a cached
+    # block for tokens 8-11.
     engine = make_engine(
         num_blocks=5,
         block_size=4,
         max_num_batched_tokens=12,
-        scheduler_cls=ChunkingEarliestVictimScheduler,
+        scheduler_cls=EarliestVictimPolicy,
     )
     a = engine.add("a", list(range(16)), max_tokens=2)
-    engine.add("b", list(range(100, 104)), max_tokens=3)
+    engine.add("c", list(range(100, 112)), max_tokens=3)
 
     step1, step2 = engine.step(), engine.step()
-    assert scheduled(step1) == {"a": 8, "b": 4}
+    assert scheduled(step1) == {"a": 8, "c": 4}
     assert step2.scheduler_output.num_preempted == 1
-    assert scheduled(step2) == {"b": 1}
+    assert scheduled(step2) == {"c": 4}
     assert a.status is RequestStatus.PREEMPTED
     engine.run()
 

@@ -149,7 +149,7 @@ def test_scheduler_stops_on_eos_and_frees_blocks(make_engine):
 
     assert run_and_collect(engine) == {"a": ([5, 6, EOS], "stop", None)}
     assert len(engine.steps) == 3
-    assert engine.kv.num_free_blocks == engine.kv.num_blocks
+    assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
 
 
 def test_scheduler_ignores_eos_with_ignore_eos(make_engine):
@@ -192,7 +192,7 @@ def test_scheduler_stops_mid_list_and_drops_tokens_after_the_stop(make_engine):
     assert output.new_token_ids == [5, EOS]
     assert output.finish_reason == "stop"
     assert request.output_token_ids == [5, EOS]
-    assert engine.kv.num_free_blocks == engine.kv.num_blocks
+    assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
 
 
 @pytest.mark.parametrize("max_tokens", [1, 2])

@@ -123,6 +123,55 @@ def test_trace_shows_mixed_steps_within_the_budget_and_each_lifecycle(model, tmp
     assert long_history[0]["num_prompt_tokens"] > 32, "the long prompt should need chunks"
 
 
+def test_priority_with_chunked_prefill_admits_urgent_first_and_chunks_without_stalls(
+    model, tmp_path
+):
+    # vlite run --scheduler priority --enable-chunked-prefill: the long, least urgent prompt
+    # waits for a seat (max_num_seqs=2), then is chunked beside a decoding request.
+    rng = random.Random(2)
+    long_text = " ".join(rng.choice(["red", "blue", "fox", "sea", "boat"]) for _ in range(120))
+    requests = [
+        {"prompt": long_text, "max_tokens": 4, "priority": 5},
+        {"prompt": "Hello", "max_tokens": 4, "priority": 2},
+        {"prompt": "The quick brown fox", "max_tokens": 12, "priority": 0},
+    ]
+    (tmp_path / "in.jsonl").write_text("\n".join(json.dumps(r) for r in requests) + "\n")
+    trace_path = tmp_path / "trace.jsonl"
+    result = CliRunner().invoke(
+        cli,
+        [
+            "run", "--model", model, "--scheduler", "priority", "--enable-chunked-prefill",
+            "--max-num-batched-tokens", "32", "--max-num-seqs", "2",
+            "--input", str(tmp_path / "in.jsonl"), "--trace", str(trace_path), "--json",
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+
+    records = [json.loads(line) for line in trace_path.read_text().splitlines()]
+    steps = [r for r in records if r["event"] == "step"]
+    first_seen = {}
+    for step in steps:
+        for entry in step["batch"]:
+            first_seen.setdefault(entry["request_id"], step["step_index"])
+    assert sorted(first_seen, key=first_seen.get) == ["2", "1", "0"]  # by priority
+    chunk_steps = [s for s in steps if any(e["request_id"] == "0" for e in s["batch"])]
+    long_chunks = [
+        e["num_scheduled_tokens"]
+        for s in chunk_steps
+        for e in s["batch"]
+        if e["request_id"] == "0" and e["phase"] == "prefill"
+    ]
+    assert len(long_chunks) >= 3, "the long prompt should be computed in chunks"
+    # Every step in which the long prompt is chunked beside the urgent request decodes it.
+    mixed = [s for s in chunk_steps if any(e["request_id"] == "2" for e in s["batch"])]
+    assert mixed, "the long prompt's chunks should share steps with the urgent request"
+    for step in mixed:
+        (urgent,) = [e for e in step["batch"] if e["request_id"] == "2"]
+        assert (urgent["phase"], urgent["num_scheduled_tokens"]) == ("decode", 1)
+    outputs = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [len(o["token_ids"]) for o in outputs] == [4, 4, 12]
+
+
 def test_headline_command_priority_scheduler_with_triton_attention():
     result = CliRunner().invoke(
         cli,

@@ -21,7 +21,7 @@ from vlite.models.llama import LlamaForCausalLM
 from vlite.plugins.attention.torch_ref import TorchAttentionBackend
 from vlite.plugins.executors.uniproc import UniprocExecutor
 from vlite.plugins.samplers.default import DefaultSampler
-from vlite.plugins.schedulers.fcfs import FcfsScheduler
+from vlite.plugins.schedulers.fcfs import FcfsPolicy
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "plugins.md"
 HOOKSPECS = {
@@ -100,10 +100,10 @@ CALLS: Counter = Counter()
 RECORDING_ARCHITECTURE = "RecordingLlamaForCausalLM"
 
 
-class RecordingScheduler(FcfsScheduler):
-    def schedule(self):
-        CALLS["scheduler.schedule"] += 1
-        return super().schedule()
+class RecordingScheduler(FcfsPolicy):
+    def running_order(self, running):
+        CALLS["scheduler.running_order"] += 1
+        return super().running_order(running)
 
 
 class RecordingAttentionBackend(TorchAttentionBackend):

@@ -23,19 +23,19 @@ from vlite.core.plugins import (
 
 SCHEDULER_PLUGIN = """
 import vlite
-from vlite.plugins.schedulers.fcfs import FcfsScheduler
+from vlite.plugins.schedulers.fcfs import FcfsPolicy
 
 VLITE_PLUGIN_API = {requirement!r}
 
 
-class NewestFirstScheduler(FcfsScheduler):
+class NewestFirstPolicy(FcfsPolicy):
     def waiting_sort_key(self, request):
-        return (-self.arrival_index(request),)
+        return (-request.arrival_index,)
 
 
 @vlite.hookimpl
 def register_schedulers(register):
-    register({name!r}, NewestFirstScheduler)
+    register({name!r}, NewestFirstPolicy)
 """
 
 
@@ -76,7 +76,7 @@ def test_two_plugins_registering_the_same_name_fail_naming_both(install_plugin, 
     assert "first-plugin 1.0" in message and "second-plugin 1.0" in message
 
 
-@pytest.mark.parametrize("requirement", [">=2", "2", 2, ">=1,<1", "==0"])
+@pytest.mark.parametrize("requirement", [">=3", "3", 3, ">=1,<1", "==0"])
 def test_a_plugin_requiring_another_api_version_fails_engine_construction(
     install_plugin, tiny_model, requirement
 ):
@@ -86,7 +86,7 @@ def test_a_plugin_requiring_another_api_version_fails_engine_construction(
     message = str(info.value)
     assert f"plugin {module!r} from package future-plugin 9.0" in message
     assert f"requires vlite plugin API {requirement!r}" in message
-    assert f"plugin API version {vlite.PLUGIN_API_VERSION}" in message
+    assert f"plugin API versions 1, 2 (newest {vlite.PLUGIN_API_VERSION})" in message
 
 
 def test_an_unparsable_api_requirement_is_an_error(install_plugin, tiny_model):
@@ -132,15 +132,16 @@ def test_a_hook_that_raises_while_registering_is_an_error(install_plugin, tiny_m
     ("registered", "problem"),
     [
         ("object()", "is not a class (register the class, not an instance)"),
-        ("dict", "does not subclass vlite.core.scheduler.Scheduler"),
+        ("dict", "does not subclass vlite.core.scheduling_policy.SchedulingPolicy"),
+        ("type('Half', (Scheduler,), {})", "without defining waiting_sort_key, choose_victim"),
     ],
 )
 def test_registering_something_that_is_not_a_scheduler_class_is_an_error(
     install_plugin, registered, problem
 ):
     source = scheduler_plugin().replace(
-        "register('newest-first', NewestFirstScheduler)", f"register('odd', {registered})"
-    )
+        "register('newest-first', NewestFirstPolicy)", f"register('odd', {registered})"
+    ).replace("import vlite\n", "import vlite\nfrom vlite.core.scheduler import Scheduler\n")
     module = install_plugin("odd-plugin", source, "0.2")
     with pytest.raises(PluginError) as info:
         PluginRegistry(build_plugin_manager())
@@ -160,7 +161,9 @@ def test_two_packages_with_the_same_entry_point_name_are_an_error(install_plugin
 # ---- what loads -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("requirement", [None, 1, ">=1", ">=1,<2", "==1", "!=2"])
+@pytest.mark.parametrize(
+    "requirement", [None, 1, ">=1", ">=1,<2", "==1", "!=2", 2, ">=2,<3", "==2", "!=1"]
+)
 def test_a_compatible_plugin_loads_and_its_scheduler_runs(install_plugin, tiny_model, requirement):
     install_plugin("good-plugin", scheduler_plugin(requirement=requirement))
     llm = LLM(model=tiny_model, scheduler="newest-first")
@@ -229,7 +232,7 @@ def test_vlite_help_and_plugins_list_survive_a_broken_plugin(install_plugin):
 def test_built_in_plugins_load_whatever_the_allow_list(monkeypatch):
     monkeypatch.setenv("VLITE_PLUGINS", "")
     registry = PluginRegistry(build_plugin_manager())
-    assert registry.get("scheduler", "fcfs").__name__ == "FcfsScheduler"
+    assert registry.get("scheduler", "fcfs").__name__ == "FcfsPolicy"
 
 
 # ---- the requirement syntax -------------------------------------------------------------
@@ -263,6 +266,14 @@ def test_parse_api_requirement_rejects_malformed(requirement):
 )
 def test_api_requirement_allows(requirement, version, allowed):
     assert api_requirement_allows(requirement, version) is allowed
+
+
+@pytest.mark.parametrize(
+    ("requirement", "allowed"),
+    [(">=1,<2", True), (">=2,<3", True), (1, True), ("==1", True), (">=3", False), ("<1", False)],
+)
+def test_this_vlite_serves_plugin_apis_1_and_2(requirement, allowed):
+    assert api_requirement_allows(requirement) is allowed
 
 
 def test_plugin_api_version_is_public():

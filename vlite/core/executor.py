@@ -28,6 +28,11 @@ class Executor(ABC):
     def __init__(self, config: VliteConfig, registry: PluginRegistry) -> None:
         self.config = config
         self.registry = registry
+        #: The registered name of the attention backend the workers built (what
+        #: ``config.attention_backend``, e.g. ``"auto"``, resolved to there). Set by the
+        #: constructor once the workers have loaded the model; the engine reports it and
+        #: checks its capabilities. ``None``: not reported (the engine uses the config's).
+        self.attention_backend_name: str | None = None
 
     @abstractmethod
     def initialize_kv_cache(self) -> int:

@@ -25,11 +25,16 @@ import pluggy
 PROJECT_NAME = "vlite"
 
 #: Version of the plugin API: the hooks below and the plugin interfaces in ``vlite.core``
-#: (``Scheduler``, ``AttentionBackend``, ``Sampler``, ``Executor``, ``CausalLM``) with their
-#: metadata types. It is raised by one whenever they change in a way a plugin could notice:
-#: a hook or an interface member added, changed or removed. A plugin declares the versions it
-#: works with as ``VLITE_PLUGIN_API = ">=1,<3"`` (or ``1``, meaning ``>=1``).
-PLUGIN_API_VERSION = 1
+#: (``SchedulingPolicy``, ``AttentionBackend``, ``Sampler``, ``Executor``, ``CausalLM``) with
+#: their metadata types. It is raised by one whenever they change in a way a plugin could
+#: notice: a hook or an interface member added, changed or removed. A plugin declares the
+#: versions it works with as ``VLITE_PLUGIN_API = ">=2,<3"`` (or ``2``, meaning ``>=2``).
+PLUGIN_API_VERSION = 2
+#: Every plugin API version this vlite still serves, oldest first. A plugin loads if its
+#: ``VLITE_PLUGIN_API`` admits any of them. Version 1 differs only in how schedulers are
+#: written (subclasses of ``vlite.core.scheduler.Scheduler``, deprecated; version 2 registers
+#: ``SchedulingPolicy`` subclasses and moved chunked prefill into the mechanism).
+SUPPORTED_PLUGIN_APIS = (1, 2)
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
@@ -42,9 +47,11 @@ def register_schedulers(register: Register) -> None:
     """Register scheduler policies.
 
     :param register: ``register(name, cls)``; ``cls`` subclasses
-        :class:`vlite.core.scheduler.Scheduler` and is constructed as
-        ``cls(limits, kv_cache_manager)`` (a :class:`~vlite.core.scheduler.SchedulerLimits`
-        and the engine's :class:`~vlite.core.kv_cache.KVCacheManager`).
+        :class:`vlite.core.scheduling_policy.SchedulingPolicy` and is constructed as
+        ``cls()``; the core's scheduler (the mechanism: budget, blocks, chunked prefill,
+        preemption) asks it in which order to admit and whom to preempt. (Plugin API 1:
+        a subclass of :class:`vlite.core.scheduler.Scheduler`, constructed as
+        ``cls(limits, kv_cache_manager)``; still accepted, deprecated.)
 
     Called at engine construction, in the engine-core process.
 
@@ -52,7 +59,7 @@ def register_schedulers(register: Register) -> None:
 
         @vlite.hookimpl
         def register_schedulers(register):
-            register("sjf", ShortestJobFirstScheduler)
+            register("sjf", ShortestJobFirstPolicy)
     """
 
 

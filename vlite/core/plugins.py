@@ -28,8 +28,8 @@ import pluggy
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from vlite.core import hookspecs
-from vlite.core.errors import VliteError
-from vlite.core.hookspecs import PLUGIN_API_VERSION
+from vlite.core.errors import PluginError
+from vlite.core.hookspecs import PLUGIN_API_VERSION, SUPPORTED_PLUGIN_APIS
 
 ENTRY_POINT_GROUP = "vlite"
 #: Entry-point group, in vlite's own package metadata, of the modules whose hook
@@ -75,10 +75,6 @@ def vlite_version() -> str:
         return metadata.version("vlite")
     except metadata.PackageNotFoundError:
         return "unknown (not installed)"
-
-
-class PluginError(VliteError, RuntimeError):
-    """A plugin failed to load or registered something invalid."""
 
 
 @dataclass(frozen=True)
@@ -297,9 +293,15 @@ def parse_api_requirement(requirement: int | str) -> SpecifierSet:
         raise ValueError(f"cannot parse {requirement!r}; expected e.g. '>=1' or '>=1,<3'") from None
 
 
-def api_requirement_allows(requirement: int | str, version: int = PLUGIN_API_VERSION) -> bool:
-    """Whether plugin API ``version`` satisfies every clause of ``requirement``."""
-    return parse_api_requirement(requirement).contains(str(version), prereleases=True)
+def api_requirement_allows(
+    requirement: int | str, versions: int | tuple[int, ...] = SUPPORTED_PLUGIN_APIS
+) -> bool:
+    """Whether one of the plugin API ``versions`` (by default every version this vlite
+    serves) satisfies every clause of ``requirement``."""
+    specifier = parse_api_requirement(requirement)
+    if isinstance(versions, int):
+        versions = (versions,)
+    return any(specifier.contains(str(version), prereleases=True) for version in versions)
 
 
 def check_plugin_api(plugin: Any, plugin_name: str, package: str) -> None:
@@ -320,33 +322,55 @@ def check_plugin_api(plugin: Any, plugin_name: str, package: str) -> None:
     if not is_allowed:
         raise PluginError(
             f"plugin {plugin_name!r} from {package} requires vlite plugin API "
-            f"{requirement!r}, but vlite {vlite_version()} provides plugin API version "
-            f"{PLUGIN_API_VERSION}; install a vlite (or a plugin version) that matches"
+            f"{requirement!r}, but vlite {vlite_version()} provides plugin API versions "
+            f"{', '.join(map(str, SUPPORTED_PLUGIN_APIS))} (newest {PLUGIN_API_VERSION}); "
+            "install a vlite (or a plugin version) that matches"
         )
 
 
 def registration_problem(kind: str, obj: Any) -> str | None:
     """Why ``obj`` cannot be registered as a ``kind`` (``None``: it can).
 
-    Every kind takes a class (the engine instantiates it); schedulers, attention backends and
-    executors subclass the core's base class, samplers and models have the methods of their
-    protocol (:class:`~vlite.core.sampler.Sampler`, :class:`~vlite.core.model.CausalLM`).
+    Every kind takes a class (the engine instantiates it); schedulers subclass
+    :class:`~vlite.core.scheduling_policy.SchedulingPolicy` (or, plugin API 1,
+    :class:`~vlite.core.scheduler.Scheduler` defining both required policy methods),
+    attention backends and executors subclass the core's base class, samplers and models
+    have the methods of their protocol (:class:`~vlite.core.sampler.Sampler`,
+    :class:`~vlite.core.model.CausalLM`).
     """
     from vlite.core.attention import AttentionBackend
     from vlite.core.executor import Executor
     from vlite.core.scheduler import Scheduler
+    from vlite.core.scheduling_policy import SchedulingPolicy
 
     if not isinstance(obj, type):
         return "is not a class (register the class, not an instance)"
-    bases = {"scheduler": Scheduler, "attention_backend": AttentionBackend, "executor": Executor}
+    if kind == "scheduler":
+        return _scheduler_problem(obj, SchedulingPolicy, Scheduler)
+    bases = {"attention_backend": AttentionBackend, "executor": Executor}
     if kind in bases and not issubclass(obj, bases[kind]):
-        base = bases[kind]
-        return f"does not subclass {base.__module__}.{base.__qualname__}"
+        return f"does not subclass {_qualified(bases[kind])}"
     methods = {"sampler": ("sample",), "model": ("forward", "compute_logits", "load_weights")}
     missing = [m for m in methods.get(kind, ()) if not callable(getattr(obj, m, None))]
     if missing:
         return f"has no {', '.join(missing)} method"
     return None
+
+
+def _scheduler_problem(obj: type, policy_base: type, api1_base: type) -> str | None:
+    if issubclass(obj, api1_base):
+        required = ("waiting_sort_key", "choose_victim")
+        missing = [m for m in required if getattr(obj, m) is getattr(api1_base, m)]
+        if missing:
+            return f"subclasses {_qualified(api1_base)} without defining {', '.join(missing)}"
+        return None
+    if not issubclass(obj, policy_base):
+        return f"does not subclass {_qualified(policy_base)}"
+    return None
+
+
+def _qualified(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 class PluginRegistry:

@@ -62,6 +62,10 @@ class Request:
     * ``num_tokens``: prompt tokens plus tokens generated so far.
     * ``num_computed_tokens``: tokens whose K/V are in the cache. The scheduler computes
       ``num_tokens - num_computed_tokens`` new tokens for it on its next step.
+
+    ``arrival_index`` numbers requests 0, 1, 2, ... in the order the scheduler received
+    them (set by ``Scheduler.add_request``). The fields a scheduling policy may read are
+    listed in :mod:`vlite.core.scheduling_policy`.
     """
 
     def __init__(self, core_request: EngineCoreRequest) -> None:
@@ -71,13 +75,13 @@ class Request:
         self.eos_token_id = core_request.eos_token_id
         self.arrival_time = core_request.arrival_time
         self.priority = core_request.priority
+        self.arrival_index = 0
         self.status = RequestStatus.WAITING
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(self.prompt_token_ids)
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0
         self.num_preemptions = 0
-        self.block_ids: list[int] = []
         self.stop_reason: int | str | None = None
 
     @property

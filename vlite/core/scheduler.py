@@ -1,20 +1,16 @@
 """The scheduling mechanism every scheduler policy shares.
 
 :class:`Scheduler` owns the mechanism: the waiting queue and running list, the per-step
-token budget and ``max_num_seqs``, block allocation with prefix-cache lookups, recompute
-preemption, and turning sampled tokens into finished requests. A policy plugin subclasses
-it and answers three questions (DESIGN §3):
+token budget and ``max_num_seqs``, block allocation with prefix-cache lookups, chunked
+prefill (``SchedulerLimits.enable_chunked_prefill``, ``long_prefill_token_threshold``),
+recompute preemption, and turning sampled tokens into finished requests. The policy (in
+which order to admit, whom to preempt) is a
+:class:`~vlite.core.scheduling_policy.SchedulingPolicy` that the mechanism asks and whose
+answers it checks; :func:`build_scheduler` puts the two together.
 
-* :meth:`Scheduler.waiting_sort_key` — in which order are waiting requests admitted?
-* :meth:`Scheduler.choose_victim` — which running request is preempted when blocks run out?
-* :meth:`Scheduler.num_tokens_to_schedule` — how many of a request's pending tokens fit
-  in what is left of the budget (all of them, a chunk, or none)?
-
-and, optionally, two more (the defaults keep the order and never preempt for arrivals):
-
-* :meth:`Scheduler.running_order` — in which order do running requests claim the budget?
-* :meth:`Scheduler.should_preempt_for` — may a waiting request that cannot get blocks
-  take them from a running one?
+Plugin API 1 had policies subclass :class:`Scheduler` and override the policy methods
+(``waiting_sort_key``, ``choose_victim``, ``num_tokens_to_schedule``, ...); such a subclass
+still works (its overrides answer instead of a policy object) and is deprecated.
 
 Every ``schedule()`` also leaves a :class:`~vlite.core.stats.StepStats` in
 ``last_step_stats``: the batch's make-up and why requests were held back.
@@ -23,10 +19,12 @@ Every ``schedule()`` also leaves a :class:`~vlite.core.stats.StepStats` in
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
-from abc import ABC, abstractmethod
+import warnings
 from dataclasses import dataclass
 
+from vlite.core.errors import PluginError
 from vlite.core.kv_cache import KVCacheManager
 from vlite.core.outputs import (
     CachedRequestData,
@@ -37,97 +35,198 @@ from vlite.core.outputs import (
     SchedulerOutput,
 )
 from vlite.core.request import Request, RequestStatus
+from vlite.core.scheduling_policy import SchedulingPolicy
 from vlite.core.stats import StepStats
 from vlite.core.stop import check_stop
 
 
 @dataclass(frozen=True)
 class SchedulerLimits:
-    """The limits a scheduler enforces every step."""
+    """The limits and mechanism settings a scheduler applies every step.
+
+    Attributes:
+        max_num_seqs: most requests in one step's batch.
+        max_num_batched_tokens: the step's token budget.
+        max_model_len: longest context (prompt plus generated tokens).
+        enable_chunked_prefill: whether a prompt may be computed over several steps (part
+            of it when the budget has room for part); without it a prompt runs whole or
+            waits. ``None`` (only before :func:`build_scheduler`): the policy's default.
+        long_prefill_token_threshold: with chunked prefill, the most tokens one request
+            computes in a step (0: no limit but the budget), so that several prompts share
+            a step.
+    """
 
     max_num_seqs: int
     max_num_batched_tokens: int
     max_model_len: int
+    enable_chunked_prefill: bool | None = False
+    long_prefill_token_threshold: int = 0
 
 
-class Scheduler(ABC):
-    """Shared mechanism; subclasses supply the policy. Registered with ``register_schedulers``.
+def build_scheduler(
+    scheduler_cls: type, limits: SchedulerLimits, kv_cache_manager: KVCacheManager
+) -> Scheduler:
+    """The scheduler for a registered class: the mechanism asking a policy (plugin API 2),
+    or an API-1 :class:`Scheduler` subclass (deprecated). ``limits`` as
+    :func:`resolve_limits` leaves them."""
+    limits = resolve_limits(scheduler_cls, limits)
+    if issubclass(scheduler_cls, Scheduler):
+        warnings.warn(
+            f"scheduler {_qualified_name(scheduler_cls)} subclasses "
+            "vlite.core.scheduler.Scheduler (plugin API 1); register a "
+            "vlite.core.scheduling_policy.SchedulingPolicy subclass instead (plugin API 2)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return scheduler_cls(limits, kv_cache_manager)
+    return Scheduler(limits, kv_cache_manager, scheduler_cls())
+
+
+def resolve_limits(scheduler_cls: type, limits: SchedulerLimits) -> SchedulerLimits:
+    """``limits`` with ``enable_chunked_prefill=None`` replaced by the class's default
+    (:attr:`SchedulingPolicy.default_enable_chunked_prefill`, or an API-1 subclass's
+    ``supports_chunked_prefill``)."""
+    if limits.enable_chunked_prefill is not None:
+        return limits
+    if issubclass(scheduler_cls, Scheduler):
+        chunks = scheduler_cls.supports_chunked_prefill
+    else:
+        chunks = getattr(scheduler_cls, "default_enable_chunked_prefill", False)
+    return dataclasses.replace(limits, enable_chunked_prefill=bool(chunks))
+
+
+class _SubclassDefaults(SchedulingPolicy):
+    """The optional answers for an API-1 :class:`Scheduler` subclass, which overrides the
+    required ones itself."""
+
+    def waiting_sort_key(self, request: Request) -> tuple:
+        raise NotImplementedError("an API-1 Scheduler subclass must define waiting_sort_key")
+
+    def choose_victim(self, running: list[Request]) -> Request:
+        raise NotImplementedError("an API-1 Scheduler subclass must define choose_victim")
+
+
+class Scheduler:
+    """The shared mechanism; it asks ``policy`` the policy questions and checks the answers.
 
     Args:
-        limits: per-step limits.
+        limits: per-step limits and the chunked-prefill setting (resolved to a bool).
         kv_cache_manager: the block manager of the engine's KV cache.
+        policy: the plugin's :class:`~vlite.core.scheduling_policy.SchedulingPolicy`;
+            ``None`` only for an API-1 subclass, which answers through its own overrides.
     """
 
-    # Capability flags: what the policy claims; the conformance suite
-    # (vlite.testing.SchedulerConformance) tests what is claimed and skips the rest.
-    #: Whether the policy may schedule part of a prompt (the engine reads it too).
+    #: API 1 only: whether the subclass chunks prompts when the config does not say.
     supports_chunked_prefill = False
-    #: Whether the policy preempts running requests when blocks run out.
-    supports_preemption = True
-    #: Whether admission reuses prefix-cached blocks (the shared mechanism does).
+    #: Whether admission may reuse prefix-cached blocks (an API-1 subclass may say no; the
+    #: engine then refuses ``enable_prefix_caching=True``).
     supports_prefix_caching = True
 
-    def __init__(self, limits: SchedulerLimits, kv_cache_manager: KVCacheManager) -> None:
-        self.limits = limits
+    def __init__(
+        self,
+        limits: SchedulerLimits,
+        kv_cache_manager: KVCacheManager,
+        policy: SchedulingPolicy | None = None,
+    ) -> None:
+        self.limits = resolve_limits(type(self), limits)
         self.kv_cache_manager = kv_cache_manager
+        self.policy: SchedulingPolicy = policy if policy is not None else _SubclassDefaults()
+        #: Who answers the policy questions, for error messages.
+        self.policy_name = _qualified_name(type(self) if policy is None else type(policy))
         self.requests: dict[str, Request] = {}
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self._arrival_counter = itertools.count()
-        self._arrival_index: dict[str, int] = {}
         self._finished_since_last_step: list[str] = []
         self.num_preemptions = 0
         self.num_steps = 0
         self.last_step_stats: StepStats | None = None
 
-    # ---- policy --------------------------------------------------------------------
+    @property
+    def chunks_prefills(self) -> bool:
+        """Whether prompts may be computed over several steps."""
+        return bool(self.limits.enable_chunked_prefill)
 
-    @abstractmethod
+    # ---- the policy questions (API-1 subclasses override these) ----------------------
+
     def waiting_sort_key(self, request: Request) -> tuple:
         """Sort key of a waiting request: the smallest is admitted first."""
+        return self.policy.waiting_sort_key(request)
 
-    @abstractmethod
     def choose_victim(self, running: list[Request]) -> Request:
         """The running request to preempt when a step runs out of blocks."""
+        return self.policy.choose_victim(running)
+
+    def running_order(self, running: list[Request]) -> list[Request]:
+        """The order in which running requests claim the budget (a new list)."""
+        return self.policy.running_order(running)
+
+    def should_preempt_for(self, request: Request, running: list[Request]) -> Request | None:
+        """The running request to preempt so that waiting ``request`` can be admitted."""
+        return self.policy.should_preempt_for(request, running)
 
     def num_tokens_to_schedule(self, request: Request, num_pending: int, budget: int) -> int:
         """How many of ``num_pending`` tokens to compute this step with ``budget`` left.
 
-        The default runs a request's pending tokens all at once or not at all.
+        Without chunked prefill: all of them or none. With it: as many as the budget, the
+        policy's :meth:`~SchedulingPolicy.max_chunk_tokens` (or
+        ``long_prefill_token_threshold``) allow.
         """
-        return num_pending if num_pending <= budget else 0
-
-    def running_order(self, running: list[Request]) -> list[Request]:
-        """The order in which running requests are scheduled (and claim the budget).
-
-        Returns a new list (``running`` itself must not be changed); the default keeps
-        admission order. It does not change ``self.running``, which
-        :meth:`choose_victim` sees.
-        """
-        return list(running)
-
-    def should_preempt_for(self, request: Request, running: list[Request]) -> Request | None:
-        """The running request to preempt so that waiting ``request`` can be admitted.
-
-        Called when ``request``, next in the waiting queue, cannot get its KV blocks and no
-        preemption happened earlier in the step. ``running`` holds the candidates: running
-        requests not admitted in this step, less those already named for this admission.
-        The mechanism asks again (without the named request) until the named requests
-        would free enough blocks, then preempts them all; ``None`` (the default) ends the
-        asking. If the named requests would not free enough, none is preempted and
-        ``request`` waits for blocks to free up.
-        """
-        return None
+        if not self.chunks_prefills:
+            return num_pending if num_pending <= budget else 0
+        limit = self.policy.max_chunk_tokens(request)
+        if limit is None:
+            limit = self.limits.long_prefill_token_threshold or num_pending
+        elif not isinstance(limit, int) or limit < 1:
+            raise self._policy_error(f"max_chunk_tokens returned {limit!r} (allowed: int >= 1)")
+        return min(num_pending, budget, limit)
 
     def arrival_index(self, request: Request) -> int:
-        """Order in which requests were added (ties in every policy go by it)."""
-        return self._arrival_index[request.request_id]
+        """``request.arrival_index`` (kept for API-1 subclasses)."""
+        return request.arrival_index
+
+    # ---- checked answers -----------------------------------------------------------
+
+    def _policy_error(self, problem: str) -> PluginError:
+        return PluginError(f"scheduler policy {self.policy_name}: {problem}")
+
+    def _checked_running_order(self) -> list[Request]:
+        order = self.running_order(self.running)
+        if len(order) != len(self.running) or {id(r) for r in order} != {
+            id(r) for r in self.running
+        }:
+            raise self._policy_error(
+                "running_order must return the running requests, each once, in any order; "
+                f"got {[r.request_id for r in order]} for {[r.request_id for r in self.running]}"
+            )
+        if self.chunks_prefills:  # decodes first: a prompt chunk never stalls a stream
+            order.sort(key=lambda r: r.num_computed_tokens < r.num_prompt_tokens)
+        return order
+
+    def _checked_victim(self) -> Request:
+        victim = self.choose_victim(self.running)
+        if not any(victim is request for request in self.running):
+            name = getattr(victim, "request_id", victim)
+            raise self._policy_error(
+                f"choose_victim returned {name!r}, which is not one of the running requests "
+                f"{[r.request_id for r in self.running]}"
+            )
+        return victim
+
+    def _checked_num_tokens(self, request: Request, num_pending: int, budget: int) -> int:
+        num_new = self.num_tokens_to_schedule(request, num_pending, budget)
+        if not isinstance(num_new, int) or not 0 <= num_new <= min(num_pending, budget):
+            raise self._policy_error(
+                f"num_tokens_to_schedule returned {num_new!r} for request "
+                f"{request.request_id!r} (allowed: 0..{min(num_pending, budget)})"
+            )
+        return num_new
 
     # ---- requests in and out -------------------------------------------------------
 
     def add_request(self, request: Request) -> None:
         self.requests[request.request_id] = request
-        self._arrival_index[request.request_id] = next(self._arrival_counter)
+        request.arrival_index = next(self._arrival_counter)
         self._enqueue_waiting(request)
 
     def _enqueue_waiting(self, request: Request) -> None:
@@ -150,9 +249,7 @@ class Scheduler(ABC):
         # Blocks allocated for a step that never completed (a failed step, then an abort)
         # were published to the prefix cache but never written: free them as uncomputed.
         self.kv_cache_manager.free(request, num_computed_tokens=request.num_computed_tokens)
-        request.block_ids = []
         del self.requests[request.request_id]
-        del self._arrival_index[request.request_id]
         self._finished_since_last_step.append(request.request_id)
 
     def has_unfinished_requests(self) -> bool:
@@ -202,18 +299,17 @@ class Scheduler(ABC):
 
     def _schedule_running(self, step: _StepPlan) -> None:
         is_budget_spent = False
-        for request in self.running_order(self.running):
+        for request in self._checked_running_order():
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
             num_pending = request.num_tokens - request.num_computed_tokens
-            num_new = self.num_tokens_to_schedule(request, num_pending, step.budget)
+            num_new = self._checked_num_tokens(request, num_pending, step.budget)
             if num_new == 0:
                 is_budget_spent = True
                 continue
             new_block_ids = self._allocate_or_preempt(request, num_new, step)
             if new_block_ids is None:
                 continue
-            request.block_ids = request.block_ids + new_block_ids
             step.cached_requests.append(
                 CachedRequestData(request.request_id, new_block_ids, request.num_computed_tokens)
             )
@@ -227,7 +323,7 @@ class Scheduler(ABC):
             new_block_ids = self.kv_cache_manager.allocate_slots(request, num_new)
             if new_block_ids is not None:
                 return new_block_ids
-            victim = self.choose_victim(self.running)
+            victim = self._checked_victim()
             self._preempt(victim, step)
             if victim is request:
                 return None
@@ -237,7 +333,6 @@ class Scheduler(ABC):
         self.running.remove(request)
         step.unschedule(request)
         self.kv_cache_manager.free(request, num_computed_tokens=request.num_computed_tokens)
-        request.block_ids = []
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
@@ -260,7 +355,7 @@ class Scheduler(ABC):
                 break
             cached_prefix = self.kv_cache_manager.find_cached_prefix(request)
             num_cached = len(cached_prefix) * self.kv_cache_manager.block_size
-            num_new = self.num_tokens_to_schedule(
+            num_new = self._checked_num_tokens(
                 request, request.num_tokens - num_cached, step.budget
             )
             if num_new == 0:
@@ -293,9 +388,10 @@ class Scheduler(ABC):
         victims: list[Request] = []
         while (victim := self.should_preempt_for(request, candidates)) is not None:
             if not any(victim is candidate for candidate in candidates):
-                raise RuntimeError(
-                    f"{type(self).__name__}.should_preempt_for returned request "
-                    f"{victim.request_id!r}, which is not one of the candidates it was given"
+                name = getattr(victim, "request_id", victim)
+                raise self._policy_error(
+                    f"should_preempt_for returned {name!r}, which is not one of the "
+                    f"candidates it was given {[r.request_id for r in candidates]}"
                 )
             victims.append(victim)
             candidates = [r for r in candidates if r is not victim]
@@ -308,7 +404,6 @@ class Scheduler(ABC):
     ) -> None:
         is_resumed = request.status is RequestStatus.PREEMPTED
         request.status = RequestStatus.RUNNING
-        request.block_ids = list(block_ids)
         request.num_computed_tokens = num_cached
         request.num_cached_tokens = max(request.num_cached_tokens, num_cached)
         self.kv_cache_manager.record_prefix_lookup(request.num_tokens, num_cached)
@@ -372,6 +467,10 @@ class Scheduler(ABC):
             if check_stop(request, self.limits.max_model_len):
                 break
         return appended
+
+
+def _qualified_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 @dataclass

@@ -52,9 +52,9 @@ def with_serving_defaults(
     otherwise.
 
     Online, a long prompt must not hold up every running stream, so (as vLLM's server)
-    ``vlite serve`` chunks prefills: the ``chunked-prefill`` scheduler with a per-device
-    token budget. Both apply only while the scheduler is the built-in default (a config
-    file, ``VLITE_*`` variable or flag wins); the budget only while it is unset too.
+    ``vlite serve`` chunks prefills with whichever scheduler policy is chosen, under a
+    per-device token budget: ``enable_chunked_prefill`` unless it was set (a config file,
+    ``VLITE_*`` variable or flag wins), and the budget while it is unset too.
     """
     origins = describe_sources(config_file, overrides or {})
     update: dict = {}
@@ -62,10 +62,11 @@ def with_serving_defaults(
         # The API process tokenizes and streams: leave it a core on machines that have
         # cores to spare (on two, halving the engine's threads costs more than it saves).
         update["cpu_threads"] = default_cpu_threads(config.tensor_parallel_size, 1)
-    if origins["scheduler"] == "default":
-        update["scheduler"] = "chunked-prefill"
-        if origins["max_num_batched_tokens"] == "default":
-            update["max_num_batched_tokens"] = SERVING_TOKEN_BUDGET[config.torch_device.type]
+    if origins["enable_chunked_prefill"] == "default":
+        update["enable_chunked_prefill"] = True
+    chunks = update.get("enable_chunked_prefill", config.enable_chunked_prefill)
+    if chunks and origins["max_num_batched_tokens"] == "default":
+        update["max_num_batched_tokens"] = SERVING_TOKEN_BUDGET[config.torch_device.type]
     if not update:
         return config
     return VliteConfig(**{**config.model_dump(), **update})

@@ -6,18 +6,23 @@ request (as a model runner does), "samples" with a fake model that is a determin
 function of a sequence's tokens, and feeds the tokens back through
 ``update_from_output()``. Every step it asserts the limits (token budget, ``max_num_seqs``),
 that the scheduler and the worker mirror agree, and the KV cache's block accounting.
+
+The default fake model's next token depends on the sequence (so a scheduler that mixed two
+requests up would change their tokens) and :func:`expected_output` says what a request
+generates alone; a test may pass its own ``next_token(request)`` instead.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from vlite.core.kv_cache import KVCacheManager
-from vlite.core.outputs import ModelRunnerOutput, SchedulerOutput
+from vlite.core.outputs import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
 from vlite.core.request import EngineCoreRequest, Request, RequestStatus
 from vlite.core.sampling_params import SamplingParams
-from vlite.core.scheduler import Scheduler, SchedulerLimits
+from vlite.core.scheduler import Scheduler, SchedulerLimits, build_scheduler
 
 #: Fake tokens are at least this, far from the prompt tokens the suites use.
 FIRST_FAKE_TOKEN = 1000
@@ -54,12 +59,26 @@ class _WorkerState:
 
 
 @dataclass
+class DriverStep:
+    """One step as the driver ran it."""
+
+    scheduler_output: SchedulerOutput
+    #: request id -> what ``update_from_output`` returned for it this step.
+    outputs: dict[str, EngineCoreOutput]
+    #: request id -> the tokens the fake model sampled for it this step.
+    sampled: dict[str, list[int]]
+
+
+@dataclass
 class SchedulerDriver:
     """A scheduler and its KV cache, run by a fake model; see the module docstring.
 
     Attributes:
+        next_token: ``next_token(request)`` replaces the default fake model (``expected``
+            then stays empty).
+        steps: every :class:`DriverStep` so far.
         outputs: request id -> tokens delivered so far.
-        expected: request id -> the tokens it generates when run alone.
+        expected: request id -> the tokens it generates when run alone (default model).
         finish_reasons: request id -> ``finish_reason`` of a finished request.
         preempted_ids: requests seen in the ``PREEMPTED`` state after some step.
         reported_finished: request ids in the order ``finished_request_ids`` named them.
@@ -68,7 +87,8 @@ class SchedulerDriver:
 
     scheduler: Scheduler
     kv_cache: KVCacheManager
-    allows_chunking: bool = False
+    next_token: Callable[[Request], int] | None = None
+    steps: list[DriverStep] = field(default_factory=list)
     outputs: dict[str, list[int]] = field(default_factory=dict)
     finish_reasons: dict[str, str] = field(default_factory=dict)
     expected: dict[str, list[int]] = field(default_factory=dict)
@@ -84,23 +104,37 @@ class SchedulerDriver:
     @classmethod
     def create(
         cls,
-        scheduler_cls: type[Scheduler],
+        scheduler_cls: type,
         *,
-        num_blocks: int,
-        block_size: int,
-        max_num_seqs: int,
-        max_num_batched_tokens: int,
+        num_blocks: int = 64,
+        block_size: int = 4,
+        max_num_seqs: int = 8,
+        max_num_batched_tokens: int = 64,
         max_model_len: int = 256,
         enable_prefix_caching: bool = True,
-        allows_chunking: bool = False,
+        enable_chunked_prefill: bool | None = None,
+        long_prefill_token_threshold: int = 0,
+        next_token: Callable[[Request], int] | None = None,
     ) -> SchedulerDriver:
+        """A driver for a registered scheduler class (a ``SchedulingPolicy`` subclass, or
+        an API-1 ``Scheduler`` subclass), built as the engine builds it."""
         kv_cache = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
-        limits = SchedulerLimits(max_num_seqs, max_num_batched_tokens, max_model_len)
-        return cls(scheduler_cls(limits, kv_cache), kv_cache, allows_chunking)
+        limits = SchedulerLimits(
+            max_num_seqs,
+            max_num_batched_tokens,
+            max_model_len,
+            enable_chunked_prefill,
+            long_prefill_token_threshold,
+        )
+        return cls(build_scheduler(scheduler_cls, limits, kv_cache), kv_cache, next_token)
 
     @property
     def limits(self) -> SchedulerLimits:
         return self.scheduler.limits
+
+    @property
+    def allows_chunking(self) -> bool:
+        return self.scheduler.chunks_prefills
 
     # ---- requests ----------------------------------------------------------------------
 
@@ -108,13 +142,16 @@ class SchedulerDriver:
         self,
         request_id: str,
         prompt_token_ids: Sequence[int],
-        max_tokens: int,
+        max_tokens: int = 16,
         *,
         eos_token_id: int | None = None,
         priority: int = 0,
+        **sampling: Any,
     ) -> Request:
+        """Add a request; ``sampling`` holds further ``SamplingParams`` fields (``stop``,
+        ``min_tokens``, ...)."""
         self._check_fits(request_id, len(prompt_token_ids), max_tokens)
-        params = SamplingParams(max_tokens=max_tokens)
+        params = SamplingParams(max_tokens=max_tokens, **sampling)
         core = EngineCoreRequest(
             request_id, list(prompt_token_ids), params, eos_token_id, priority=priority
         )
@@ -122,9 +159,10 @@ class SchedulerDriver:
         self.scheduler.add_request(request)
         self.outputs[request_id] = []
         self.eos_token_ids[request_id] = eos_token_id
-        self.expected[request_id] = expected_output(
-            prompt_token_ids, max_tokens, eos_token_id, self.limits.max_model_len
-        )
+        if self.next_token is None:
+            self.expected[request_id] = expected_output(
+                prompt_token_ids, max_tokens, eos_token_id, self.limits.max_model_len
+            )
         return request
 
     def _check_fits(self, request_id: str, num_prompt: int, max_tokens: int) -> None:
@@ -153,7 +191,7 @@ class SchedulerDriver:
 
     # ---- stepping ----------------------------------------------------------------------
 
-    def step(self) -> SchedulerOutput:
+    def step(self) -> DriverStep:
         so = self.scheduler.schedule()
         self.num_steps += 1
         self._check_scheduled(so)
@@ -163,10 +201,15 @@ class SchedulerDriver:
             state = self._worker[request_id]
             state.num_computed_tokens += num_new
             if state.num_computed_tokens == len(state.token_ids):
-                token = fake_next_token(state.token_ids)
+                if self.next_token is None:
+                    token = fake_next_token(state.token_ids)
+                else:
+                    token = self.next_token(self.scheduler.requests[request_id])
                 state.token_ids.append(token)
                 sampled[request_id] = [token]
         engine_outputs = self.scheduler.update_from_output(so, ModelRunnerOutput(sampled))
+        step = DriverStep(so, {o.request_id: o for o in engine_outputs.outputs}, sampled)
+        self.steps.append(step)
         for output in engine_outputs.outputs:
             assert output.request_id not in self.finish_reasons, (
                 f"request {output.request_id} produced output after it finished"
@@ -177,13 +220,14 @@ class SchedulerDriver:
                 self._ended.add(output.request_id)
         self._record_preempted()
         self.check_block_accounting()
-        return so
+        return step
 
-    def run(self, max_steps: int = 500) -> None:
-        """Step until every request finished; fails if that takes more than ``max_steps``."""
+    def run(self, max_steps: int = 500) -> list[DriverStep]:
+        """Step until every request finished; fails if that takes more than ``max_steps``.
+        Returns every step so far."""
         for _ in range(max_steps):
             if not self.scheduler.has_unfinished_requests():
-                return
+                return self.steps
             self.step()
         unfinished = sorted(self.scheduler.requests)
         raise AssertionError(f"requests {unfinished} unfinished after {max_steps} steps")
@@ -224,13 +268,12 @@ class SchedulerDriver:
         if num_new < num_pending:
             assert self.allows_chunking, (
                 f"request {request_id} got {num_new} of {num_pending} pending tokens, but the "
-                "scheduler does not claim supports_chunked_prefill"
+                "chunked prefill is off"
             )
             self.num_chunked_steps += 1
         num_needed = self.kv_cache.num_blocks_for(request.num_computed_tokens + num_new)
         held = self.kv_cache.block_ids_of(request_id)
         assert len(held) >= num_needed, f"{request_id} holds {len(held)} < {num_needed} blocks"
-        assert request.block_ids == held, f"{request_id}: block table differs from the cache's"
 
     def _apply_to_worker(self, so: SchedulerOutput) -> None:
         for request_id in so.finished_request_ids:
@@ -253,7 +296,8 @@ class SchedulerDriver:
             state = self._worker.get(request_id)
             assert state is not None, f"{request_id} scheduled but never sent to the worker"
             assert state.token_ids == request.all_token_ids, f"{request_id}: tokens differ"
-            assert state.block_ids == request.block_ids, f"{request_id}: worker's blocks differ"
+            held = self.kv_cache.block_ids_of(request_id)
+            assert state.block_ids == held, f"{request_id}: worker's blocks differ from the cache's"
             assert state.num_computed_tokens == request.num_computed_tokens
 
     def _record_preempted(self) -> None:

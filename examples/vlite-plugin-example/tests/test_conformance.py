@@ -3,7 +3,7 @@
 from vlite.testing import SamplerConformance, SchedulerConformance
 
 
-class TestShortestPromptFirstScheduler(SchedulerConformance):
+class TestShortestPromptFirstPolicy(SchedulerConformance):
     plugin_name = "shortest-prompt-first"
 
 

@@ -1,7 +1,7 @@
 """The plugin's own behaviour: its policy and its registration."""
 
 import vlite_plugin_example
-from vlite_plugin_example import MultinomialSampler, ShortestPromptFirstScheduler
+from vlite_plugin_example import MultinomialSampler, ShortestPromptFirstPolicy
 
 from vlite.core.plugins import PluginRegistry, build_plugin_manager
 from vlite.testing.scheduler_driver import SchedulerDriver
@@ -10,7 +10,7 @@ from vlite.testing.scheduler_driver import SchedulerDriver
 def test_registered_through_the_entry_point():
     registry = PluginRegistry(build_plugin_manager())
     scheduler = registry.entry("scheduler", "shortest-prompt-first")
-    assert scheduler.obj is ShortestPromptFirstScheduler
+    assert scheduler.obj is ShortestPromptFirstPolicy
     assert (scheduler.package, scheduler.plugin_name) == ("vlite-plugin-example", "example")
     assert registry.get("sampler", "multinomial") is MultinomialSampler
 
@@ -23,7 +23,7 @@ def test_declares_a_compatible_plugin_api():
 
 def test_admits_the_shortest_prompt_first():
     driver = SchedulerDriver.create(
-        ShortestPromptFirstScheduler,
+        ShortestPromptFirstPolicy,
         num_blocks=64,
         block_size=4,
         max_num_seqs=1,
@@ -33,13 +33,13 @@ def test_admits_the_shortest_prompt_first():
         driver.add(request_id, list(range(1, length + 1)), max_tokens=2)
     admitted = []
     while driver.scheduler.has_unfinished_requests():
-        admitted += [new.request_id for new in driver.step().new_requests]
+        admitted += [new.request_id for new in driver.step().scheduler_output.new_requests]
     assert admitted == ["short", "middle", "long"]
 
 
 def test_preempts_the_request_it_would_admit_last():
     driver = SchedulerDriver.create(
-        ShortestPromptFirstScheduler,
+        ShortestPromptFirstPolicy,
         num_blocks=6,
         block_size=4,
         max_num_seqs=4,

@@ -1,32 +1,32 @@
-"""ChunkedPrefillScheduler driven by the fake-model SchedulerDriver (every step checked)."""
+"""Chunked prefill, the core scheduler's mechanism, driven by SchedulerDriver (every step
+checked): with the ``chunked-prefill`` policy (FCFS, chunking on by default) and composed with
+other policies."""
 
 from __future__ import annotations
 
+import pytest
+
+from vlite.core.errors import PluginError
 from vlite.core.kv_cache import KVCacheManager
 from vlite.core.request import Request
-from vlite.core.scheduler import SchedulerLimits
-from vlite.plugins.schedulers.chunked_prefill import ChunkedPrefillScheduler
-from vlite.plugins.schedulers.fcfs import FcfsScheduler
+from vlite.core.scheduler import SchedulerLimits, build_scheduler
+from vlite.plugins.schedulers.chunked_prefill import ChunkedPrefillPolicy
+from vlite.plugins.schedulers.fcfs import FcfsPolicy
+from vlite.plugins.schedulers.priority import PriorityPolicy
 from vlite.testing.scheduler_driver import SchedulerDriver
 
 
-def make_driver(**settings) -> SchedulerDriver:
-    options = dict(
-        num_blocks=128,
-        block_size=4,
-        max_num_seqs=8,
-        max_num_batched_tokens=16,
-        allows_chunking=True,
-    )
+def make_driver(scheduler_cls=ChunkedPrefillPolicy, **settings) -> SchedulerDriver:
+    options = dict(num_blocks=128, block_size=4, max_num_seqs=8, max_num_batched_tokens=16)
     options.update(settings)
-    return SchedulerDriver.create(ChunkedPrefillScheduler, **options)
+    return SchedulerDriver.create(scheduler_cls, **options)
 
 
 def test_a_prompt_longer_than_the_budget_is_computed_in_chunks():
     driver = make_driver()
     driver.add("long", list(range(1, 101)), 3)
 
-    chunks = [driver.step().num_scheduled_tokens["long"] for _ in range(7)]
+    chunks = [driver.step().scheduler_output.num_scheduled_tokens["long"] for _ in range(7)]
 
     assert chunks == [16, 16, 16, 16, 16, 16, 4]  # the 7th completes the prompt
     assert driver.outputs["long"] == driver.expected["long"][:1]
@@ -42,7 +42,7 @@ def test_decodes_keep_running_while_a_long_prompt_is_chunked():
     driver.step()
     driver.add("long", list(range(100, 200)), 2)
 
-    steps = [driver.step() for _ in range(5)]
+    steps = [driver.step().scheduler_output for _ in range(5)]
 
     for so in steps:
         scheduled = so.num_scheduled_tokens
@@ -58,12 +58,12 @@ def test_decodes_keep_running_while_a_long_prompt_is_chunked():
 def test_fcfs_stalls_the_same_workload_behind_whole_prompts():
     # Contrast: without chunking a 48-token prompt waits until the whole budget is free.
     driver = SchedulerDriver.create(
-        FcfsScheduler, num_blocks=128, block_size=4, max_num_seqs=8, max_num_batched_tokens=48
+        FcfsPolicy, num_blocks=128, block_size=4, max_num_seqs=8, max_num_batched_tokens=48
     )
     driver.add("a", [1, 2, 3], 3)
     driver.step()
     driver.add("long", list(range(100, 148)), 2)
-    so = driver.step()
+    so = driver.step().scheduler_output
     assert dict(so.num_scheduled_tokens) == {"a": 1}
     assert driver.scheduler.last_step_stats.num_waits_budget == 1
 
@@ -75,32 +75,34 @@ def make_request(request_id: str, num_prompt: int, num_computed: int) -> Request
     return request
 
 
-def test_running_order_puts_decodes_before_prefill_chunks_and_keeps_their_order():
-    scheduler = ChunkedPrefillScheduler(SchedulerLimits(8, 16, 256), KVCacheManager(64, 4))
+def test_with_chunking_decodes_go_before_prefill_chunks_in_the_policy_order():
+    scheduler = build_scheduler(
+        ChunkedPrefillPolicy, SchedulerLimits(8, 16, 256, None), KVCacheManager(64, 4)
+    )
     prefill_1 = make_request("p1", 40, 16)
     decode_1 = make_request("d1", 5, 5)
     prefill_2 = make_request("p2", 30, 0)
     decode_2 = make_request("d2", 7, 7)
-    running = [prefill_1, decode_1, prefill_2, decode_2]
+    scheduler.running = [prefill_1, decode_1, prefill_2, decode_2]
 
-    ordered = scheduler.running_order(running)
+    ordered = scheduler._checked_running_order()
 
     assert ordered == [decode_1, decode_2, prefill_1, prefill_2]
-    assert running == [prefill_1, decode_1, prefill_2, decode_2], "the input was changed"
+    assert scheduler.running == [prefill_1, decode_1, prefill_2, decode_2], "running changed"
 
 
 def test_the_mechanism_schedules_running_requests_in_running_order():
-    class ReversedScheduler(FcfsScheduler):
+    class ReversedPolicy(FcfsPolicy):
         def running_order(self, running):
             return running[::-1]
 
     driver = SchedulerDriver.create(
-        ReversedScheduler, num_blocks=64, block_size=4, max_num_seqs=4, max_num_batched_tokens=64
+        ReversedPolicy, num_blocks=64, block_size=4, max_num_seqs=4, max_num_batched_tokens=64
     )
     for name in "abc":
         driver.add(name, [ord(name), 1, 2], 4)
     driver.step()
-    assert list(driver.step().num_scheduled_tokens) == ["c", "b", "a"]
+    assert list(driver.step().scheduler_output.num_scheduled_tokens) == ["c", "b", "a"]
     driver.run()
     assert driver.outputs == driver.expected
 
@@ -115,3 +117,116 @@ def test_chunked_requests_under_memory_pressure_are_preempted_and_restored():
     assert driver.num_chunked_steps > 0
     assert driver.outputs == driver.expected
     driver.check_all_finished_cleanly()
+
+
+# ---- composition: chunking is a setting, the policy is separate ----------------------
+
+
+def test_chunked_prefill_is_fcfs_with_chunking_on_and_can_be_turned_off():
+    assert make_driver(FcfsPolicy).allows_chunking is False
+    assert make_driver(FcfsPolicy, enable_chunked_prefill=True).allows_chunking is True
+    assert make_driver().allows_chunking is True
+    assert make_driver(enable_chunked_prefill=False).allows_chunking is False
+
+
+def test_priority_with_chunking_admits_the_urgent_request_first_and_never_stalls_decodes():
+    # One run shows both axes: "urgent" (priority 0) arrives after "lazy" (priority 5) and
+    # is admitted first; both prompts are longer than the budget and are chunked while the
+    # running request keeps decoding one token every step.
+    driver = make_driver(PriorityPolicy, enable_chunked_prefill=True, max_num_seqs=2)
+    driver.add("stream", [1, 2, 3], 40, priority=9)
+    driver.step()
+    driver.add("lazy", list(range(100, 150)), 2, priority=5)
+    driver.add("urgent", list(range(200, 250)), 2, priority=0)
+
+    steps = [driver.step().scheduler_output for _ in range(4)]
+
+    assert [new.request_id for so in steps for new in so.new_requests] == ["urgent"]
+    for so in steps:
+        assert so.num_scheduled_tokens["stream"] == 1, "the running stream stalled"
+    assert [so.num_scheduled_tokens["urgent"] for so in steps] == [15, 15, 15, 5]
+    driver.run()
+    assert driver.outputs == driver.expected
+    driver.check_all_finished_cleanly()
+
+
+def test_long_prefill_token_threshold_lets_two_prompts_share_a_step():
+    driver = make_driver(long_prefill_token_threshold=6)
+    driver.add("a", list(range(1, 31)), 2)
+    driver.add("b", list(range(40, 70)), 2)
+
+    so = driver.step().scheduler_output
+
+    assert dict(so.num_scheduled_tokens) == {"a": 6, "b": 6}
+    driver.run()
+    assert driver.outputs == driver.expected
+
+
+def test_a_policy_may_set_each_request_s_chunk_size():
+    class SmallChunksForLowPriority(FcfsPolicy):
+        def max_chunk_tokens(self, request):
+            return 4 if request.priority > 0 else None
+
+    driver = make_driver(SmallChunksForLowPriority, enable_chunked_prefill=True)
+    driver.add("low", list(range(1, 21)), 2, priority=1)
+    driver.add("high", list(range(30, 50)), 2, priority=0)
+
+    so = driver.step().scheduler_output
+
+    assert dict(so.num_scheduled_tokens) == {"low": 4, "high": 12}
+    driver.run()
+    assert driver.outputs == driver.expected
+
+
+class _BrokenAnswers(FcfsPolicy):
+    victim = "not running"
+    chunk = None
+    drop_one = False
+
+    def choose_victim(self, running):
+        return self.victim
+
+    def max_chunk_tokens(self, request):
+        return self.chunk
+
+    def running_order(self, running):
+        return running[1:] if self.drop_one else list(running)
+
+
+@pytest.mark.parametrize(
+    ("attribute", "value", "settings", "message"),
+    [
+        ("victim", "not running", {"num_blocks": 3}, "choose_victim returned 'not running'"),
+        ("chunk", 0, {"enable_chunked_prefill": True}, "max_chunk_tokens returned 0"),
+        ("drop_one", True, {}, "running_order must return the running requests"),
+    ],
+)
+def test_a_policy_s_answers_are_checked_and_errors_name_it(attribute, value, settings, message):
+    policy_cls = type("BadPolicy", (_BrokenAnswers,), {attribute: value})
+    driver = make_driver(policy_cls, **settings)
+    driver.add("a", [1, 2, 3, 4, 5], 6)
+    driver.add("b", [6, 7, 8], 6)
+    with pytest.raises(PluginError, match=message) as info:
+        driver.run()
+    assert "BadPolicy" in str(info.value)
+
+
+def test_a_subclass_written_for_plugin_api_1_still_works_and_is_deprecated():
+    from vlite.core.scheduler import Scheduler
+
+    class Api1ShortestFirst(Scheduler):
+        supports_chunked_prefill = False
+
+        def waiting_sort_key(self, request):
+            return (request.num_prompt_tokens, self.arrival_index(request))
+
+        def choose_victim(self, running):
+            return max(running, key=self.waiting_sort_key)
+
+    with pytest.warns(DeprecationWarning, match="plugin API 1"):
+        driver = make_driver(Api1ShortestFirst, max_num_seqs=1, max_num_batched_tokens=64)
+    for request_id, length in [("long", 30), ("short", 3), ("middle", 12)]:
+        driver.add(request_id, list(range(1, length + 1)), 2)
+    admitted = [n.request_id for step in driver.run() for n in step.scheduler_output.new_requests]
+    assert admitted == ["short", "middle", "long"]
+    assert driver.outputs == driver.expected

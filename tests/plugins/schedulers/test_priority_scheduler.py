@@ -1,14 +1,14 @@
-"""PriorityScheduler driven by the fake-model SchedulerDriver (every step checked)."""
+"""The priority policy on the core scheduler, driven by SchedulerDriver (every step checked)."""
 
 from __future__ import annotations
 
 from vlite.core.request import RequestStatus
-from vlite.plugins.schedulers.fcfs import FcfsScheduler
-from vlite.plugins.schedulers.priority import PriorityScheduler
+from vlite.plugins.schedulers.fcfs import FcfsPolicy
+from vlite.plugins.schedulers.priority import PriorityPolicy
 from vlite.testing.scheduler_driver import SchedulerDriver
 
 
-def make_driver(scheduler_cls=PriorityScheduler, **settings) -> SchedulerDriver:
+def make_driver(scheduler_cls=PriorityPolicy, **settings) -> SchedulerDriver:
     options = dict(num_blocks=64, block_size=4, max_num_seqs=8, max_num_batched_tokens=64)
     options.update(settings)
     return SchedulerDriver.create(scheduler_cls, **options)
@@ -67,9 +67,9 @@ def start_low_then_high(scheduler_cls) -> tuple[SchedulerDriver, object, object]
 
 
 def test_under_block_pressure_the_least_urgent_running_request_is_preempted():
-    driver, low, high = start_low_then_high(PriorityScheduler)
+    driver, low, high = start_low_then_high(PriorityPolicy)
 
-    so = driver.step()
+    so = driver.step().scheduler_output
 
     assert so.num_preempted == 1
     assert low.status is RequestStatus.PREEMPTED and high.status is RequestStatus.RUNNING
@@ -82,7 +82,7 @@ def test_under_block_pressure_the_least_urgent_running_request_is_preempted():
 
 def test_fcfs_in_the_same_situation_preempts_the_latest_admitted_instead():
     # The contrast that makes the test above meaningful: arrival order alone picks "high".
-    driver, low, high = start_low_then_high(FcfsScheduler)
+    driver, low, high = start_low_then_high(FcfsPolicy)
 
     driver.step()
 
@@ -100,9 +100,9 @@ def fill_cache_with(scheduler_cls, priority_of_arrival: int):
 
 
 def test_an_urgent_arrival_preempts_a_less_urgent_running_request_when_no_blocks_are_free():
-    driver, low, arrival = fill_cache_with(PriorityScheduler, priority_of_arrival=0)
+    driver, low, arrival = fill_cache_with(PriorityPolicy, priority_of_arrival=0)
 
-    so = driver.step()
+    so = driver.step().scheduler_output
 
     assert dict(so.num_scheduled_tokens) == {"arrival": 5}
     assert [new.request_id for new in so.new_requests] == ["arrival"]
@@ -115,9 +115,9 @@ def test_an_urgent_arrival_preempts_a_less_urgent_running_request_when_no_blocks
 
 
 def test_an_arrival_of_equal_priority_waits_for_blocks_instead_of_preempting():
-    driver, low, arrival = fill_cache_with(PriorityScheduler, priority_of_arrival=5)
+    driver, low, arrival = fill_cache_with(PriorityPolicy, priority_of_arrival=5)
 
-    so = driver.step()
+    so = driver.step().scheduler_output
 
     assert dict(so.num_scheduled_tokens) == {"low": 1}
     assert so.num_preempted == 0 and arrival.status is RequestStatus.WAITING
@@ -127,9 +127,9 @@ def test_an_arrival_of_equal_priority_waits_for_blocks_instead_of_preempting():
 
 
 def test_fcfs_never_preempts_for_an_arrival():
-    driver, low, arrival = fill_cache_with(FcfsScheduler, priority_of_arrival=0)
+    driver, low, arrival = fill_cache_with(FcfsPolicy, priority_of_arrival=0)
 
-    so = driver.step()
+    so = driver.step().scheduler_output
 
     assert so.num_preempted == 0 and dict(so.num_scheduled_tokens) == {"low": 1}
     assert driver.scheduler.last_step_stats.num_waits_no_blocks == 1
@@ -167,7 +167,7 @@ def test_an_urgent_arrival_preempts_nobody_when_that_would_not_free_enough_block
     # running instead of being recomputed for nothing.
     driver, low, arrival = vip_and_low_fill_the_cache(arrival_prompt_len=13)
 
-    so = driver.step()
+    so = driver.step().scheduler_output
 
     assert so.num_preempted == 0 and low.status is RequestStatus.RUNNING
     assert arrival.status is RequestStatus.WAITING
@@ -183,7 +183,7 @@ def test_an_urgent_arrival_preempts_when_the_freed_blocks_suffice():
     # The contrast: a three-block arrival fits in what "low" frees.
     driver, low, arrival = vip_and_low_fill_the_cache(arrival_prompt_len=12)
 
-    so = driver.step()
+    so = driver.step().scheduler_output
 
     assert so.num_preempted == 1 and low.status is RequestStatus.PREEMPTED
     assert arrival.status is RequestStatus.RUNNING

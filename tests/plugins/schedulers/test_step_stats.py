@@ -7,14 +7,14 @@ import json
 
 from vlite.core.request import RequestStatus
 from vlite.core.stats import BatchEntry, StepRecord, StepTotals, TraceWriter
-from vlite.plugins.schedulers.fcfs import FcfsScheduler
+from vlite.plugins.schedulers.fcfs import FcfsPolicy
 from vlite.testing.scheduler_driver import SchedulerDriver
 
 
 def make_driver(**settings) -> SchedulerDriver:
     options = dict(num_blocks=32, block_size=4, max_num_seqs=4, max_num_batched_tokens=16)
     options.update(settings)
-    return SchedulerDriver.create(FcfsScheduler, **options)
+    return SchedulerDriver.create(FcfsPolicy, **options)
 
 
 def test_stats_describe_the_batch_blocks_and_prefix_hits():

@@ -51,7 +51,6 @@ class MultiprocExecutor(Executor):
         except BaseException:
             self.shutdown()
             raise
-        #: The attention backend the workers use (what "auto" resolved to).
         self.attention_backend_name = loaded[0].attention_backend_name
         self._num_kv_blocks_per_rank = [reply.num_kv_blocks for reply in loaded]
         self._encoder = msgspec.msgpack.Encoder()

@@ -22,6 +22,7 @@ class UniprocExecutor(Executor):
             )
         self.worker = Worker(config, registry)
         self.worker.load_model()
+        self.attention_backend_name = self.worker.attention_backend_name
 
     def initialize_kv_cache(self) -> int:
         num_blocks = self.worker.determine_num_kv_blocks()

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from vlite.core.hookspecs import hookimpl
 from vlite.core.request import Request
-from vlite.core.scheduler import Scheduler
+from vlite.core.scheduling_policy import SchedulingPolicy
 
 
-class PriorityScheduler(Scheduler):
+def urgency(request: Request) -> tuple[int, int]:
+    """Smaller is more urgent: ``(priority, arrival_index)``."""
+    return (request.priority, request.arrival_index)
+
+
+class PriorityPolicy(SchedulingPolicy):
     """Admit by ``(priority, arrival)``; preempt the least urgent running request.
 
     When blocks run out, the running request with the largest ``(priority, arrival)`` is
@@ -16,21 +21,17 @@ class PriorityScheduler(Scheduler):
     if none is, it waits.
     """
 
-    def urgency(self, request: Request) -> tuple[int, int]:
-        """Smaller is more urgent."""
-        return (request.priority, self.arrival_index(request))
-
     def waiting_sort_key(self, request: Request) -> tuple:
-        return self.urgency(request)
+        return urgency(request)
 
     def choose_victim(self, running: list[Request]) -> Request:
-        return max(running, key=self.urgency)
+        return max(running, key=urgency)
 
     def should_preempt_for(self, request: Request, running: list[Request]) -> Request | None:
-        less_urgent = [r for r in running if self.urgency(r) > self.urgency(request)]
-        return max(less_urgent, key=self.urgency) if less_urgent else None
+        less_urgent = [r for r in running if urgency(r) > urgency(request)]
+        return max(less_urgent, key=urgency) if less_urgent else None
 
 
 @hookimpl
 def register_schedulers(register):
-    register("priority", PriorityScheduler)
+    register("priority", PriorityPolicy)

@@ -30,7 +30,7 @@ class PluginConformance:
             the installed ones, for a plugin that is not installed as a package.
         load_entry_points: also load installed plugins (the ``vlite`` entry-point group).
 
-    Capability flags (``supports_preemption``, ...) are read from the plugin class, where
+    Capability flags (``supports_prefix_caching``, ...) are read from the plugin class, where
     the plugin claims them; a test class may set the same attribute to ``True``/``False``
     to override the claim. Tests of an unclaimed capability are skipped.
     """

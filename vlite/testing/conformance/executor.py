@@ -136,6 +136,21 @@ class ExecutorConformance(PluginConformance):
                 f"{self.reference_executor!r} produced {expected}"
             )
 
+    # ---- what it reports ---------------------------------------------------------------
+
+    def test_reports_the_attention_backend_its_workers_built(
+        self, plugin_registry, conformance_plugin_name, executor_model
+    ) -> None:
+        llm = self.make_llm(executor_model, plugin_registry, conformance_plugin_name)
+        try:
+            name = llm.llm_engine.engine_core.executor.attention_backend_name
+        finally:
+            self.shutdown(llm)
+        assert name in plugin_registry.names("attention_backend") and name != "auto", (
+            f"executor {conformance_plugin_name!r} reported attention_backend_name={name!r}; "
+            "it must set the registered name its workers resolved 'auto' to"
+        )
+
     # ---- tokens ------------------------------------------------------------------------
 
     def test_greedy_tokens_equal_uniproc(

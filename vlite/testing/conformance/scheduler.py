@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 import pytest
 
+from vlite.core.plugins import registration_problem
 from vlite.core.scheduler import Scheduler
 from vlite.testing.conformance.base import PluginConformance
 from vlite.testing.engine_runs import cached_tiny_model, generate_tokens, mixed_prompts
@@ -24,9 +25,12 @@ BLOCK_SIZE = 4
 class SchedulerConformance(PluginConformance):
     """Conformance suite for ``register_schedulers`` plugins.
 
-    Capability flags (class attributes of the scheduler, overridable here):
-    ``supports_chunked_prefill`` (default ``False``), ``supports_preemption`` and
-    ``supports_prefix_caching`` (default ``True``).
+    A :class:`~vlite.core.scheduling_policy.SchedulingPolicy` is run on the core's mechanism
+    with chunked prefill both on and off, with preemption and with prefix caching (they
+    are the mechanism's, so every policy composes with them). A plugin-API-1
+    :class:`~vlite.core.scheduler.Scheduler` subclass is tested for what it claims:
+    ``supports_chunked_prefill`` (default ``False``) and ``supports_prefix_caching``
+    (default ``True``), overridable here.
 
     Attributes:
         reference_scheduler: whose greedy tokens the plugin's must equal.
@@ -36,17 +40,21 @@ class SchedulerConformance(PluginConformance):
     reference_scheduler: ClassVar[str] = "fcfs"
     capability_defaults: ClassVar[dict[str, bool]] = {
         "supports_chunked_prefill": False,
-        "supports_preemption": True,
         "supports_prefix_caching": True,
     }
     supports_chunked_prefill: ClassVar[bool | None] = None
-    supports_preemption: ClassVar[bool | None] = None
     supports_prefix_caching: ClassVar[bool | None] = None
 
     def check_interface(self, plugin_cls: Any) -> None:
-        assert isinstance(plugin_cls, type) and issubclass(plugin_cls, Scheduler), (
-            f"{plugin_cls!r} must subclass vlite.core.scheduler.Scheduler"
-        )
+        problem = registration_problem("scheduler", plugin_cls)
+        assert problem is None, f"{plugin_cls!r} {problem}"
+
+    def claims(self, plugin_cls: Any, flag: str) -> bool:
+        """A policy object gets every capability from the mechanism; an API-1 subclass
+        has what it claims."""
+        if getattr(type(self), flag, None) is None and not issubclass(plugin_cls, Scheduler):
+            return True
+        return super().claims(plugin_cls, flag)
 
     # ---- helpers -----------------------------------------------------------------------
 
@@ -58,7 +66,7 @@ class SchedulerConformance(PluginConformance):
             max_num_seqs=4,
             max_num_batched_tokens=24,
             max_model_len=256,
-            allows_chunking=self.claims(plugin_cls, "supports_chunked_prefill"),
+            enable_chunked_prefill=self.claims(plugin_cls, "supports_chunked_prefill"),
         )
         options.update(settings)
         return SchedulerDriver.create(plugin_cls, **options)
@@ -113,6 +121,19 @@ class SchedulerConformance(PluginConformance):
         assert driver.max_scheduled_tokens > 0
         self.assert_outputs_as_expected(driver, request_ids)
 
+    def test_whole_prompts_without_chunked_prefill(self, plugin_cls) -> None:
+        if issubclass(plugin_cls, Scheduler) and self.claims(
+            plugin_cls, "supports_chunked_prefill"
+        ):
+            pytest.skip("an API-1 subclass that claims chunking may chunk whatever the setting")
+        driver = self.make_driver(
+            plugin_cls, max_num_seqs=3, max_num_batched_tokens=20, enable_chunked_prefill=False
+        )
+        request_ids = self.add_workload(driver, 14, 20, seed=6)
+        driver.run()  # a partial prompt fails the step it is scheduled in
+        assert driver.num_chunked_steps == 0
+        self.assert_outputs_as_expected(driver, request_ids)
+
     def test_every_request_finishes_with_its_own_tokens(self, plugin_cls) -> None:
         driver = self.make_driver(plugin_cls, max_model_len=28)
         request_ids = self.add_workload(driver, 10, 16, max_tokens=(1, 12), seed=1)
@@ -133,7 +154,6 @@ class SchedulerConformance(PluginConformance):
     # ---- preemption --------------------------------------------------------------------
 
     def test_preemption_frees_blocks_and_later_restores_requests(self, plugin_cls) -> None:
-        self.require(plugin_cls, "supports_preemption")
         # Each request fits alone (at most 4 blocks), but not all of them together.
         driver = self.make_driver(plugin_cls, num_blocks=10, max_num_batched_tokens=64)
         requests = [
@@ -269,9 +289,10 @@ class SchedulerConformance(PluginConformance):
     ) -> None:
         from vlite.engine.llm import LLM
 
-        overrides = {}
+        overrides: dict[str, Any] = {}
         if self.claims(plugin_cls, "supports_chunked_prefill"):
             overrides["max_num_batched_tokens"] = 16  # prompts of up to 40 tokens get chunked
+            overrides["enable_chunked_prefill"] = True
         llm = LLM(
             model=scheduler_model,
             registry=plugin_registry,

@@ -6,17 +6,17 @@ with its plugin manager, which calls the hook functions below at engine construc
 
 import vlite
 from vlite_plugin_example.sampler import MultinomialSampler
-from vlite_plugin_example.scheduler import ShortestPromptFirstScheduler
+from vlite_plugin_example.scheduler import ShortestPromptFirstPolicy
 
 #: The vlite plugin API versions this plugin works with (checked when vlite loads it).
-VLITE_PLUGIN_API = ">=1,<2"
+VLITE_PLUGIN_API = ">=2,<3"
 
-__all__ = ["MultinomialSampler", "ShortestPromptFirstScheduler"]
+__all__ = ["MultinomialSampler", "ShortestPromptFirstPolicy"]
 
 
 @vlite.hookimpl
 def register_schedulers(register):
-    register("shortest-prompt-first", ShortestPromptFirstScheduler)
+    register("shortest-prompt-first", ShortestPromptFirstPolicy)
 
 
 @vlite.hookimpl
