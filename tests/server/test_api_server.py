@@ -304,7 +304,7 @@ def test_a_client_leaving_mid_stream_aborts_its_request(server, client, monkeypa
         aborted.set()
 
     monkeypatch.setattr(server.engine, "_abort_now", record_abort)
-    num_steps_before = engine_stats(server).num_steps
+    num_steps_before = engine_stats(server).totals.num_steps
     body = greedy(prompt="Hello", max_tokens=120, stream=True)
     with client.stream("POST", "/v1/completions", json=body) as response:
         lines = response.iter_lines()
@@ -314,7 +314,7 @@ def test_a_client_leaving_mid_stream_aborts_its_request(server, client, monkeypa
     stats = engine_stats(server)  # asked after the abort was sent: the core has done it
     assert stats.num_unfinished_requests == 0
     assert stats.num_free_kv_blocks == stats.num_kv_blocks
-    assert stats.num_steps - num_steps_before < 60  # aborted, not run to its 120 tokens
+    assert stats.totals.num_steps - num_steps_before < 60  # aborted, not run to its 120 tokens
 
 
 # ---- n, logprobs and penalties ---------------------------------------------------------------
@@ -432,7 +432,7 @@ def scrape(client) -> dict[str, float]:
     """``/metrics`` samples by name (every sample carries this server's model label)."""
     response = client.get("/metrics")
     assert response.status_code == 200
-    assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    assert response.headers["content-type"].startswith("text/plain; version=")
     samples = {}
     for line in response.text.splitlines():
         if not line.startswith("#"):
@@ -457,9 +457,10 @@ def test_metrics_count_the_work_of_each_request(client, tokenizer):
         return end[name] - start[name]
 
     num_prompt = len(tokenizer.encode(prompt))
-    # The first token comes from the prefill step, the other five from decode steps.
-    assert grew("vlite:generation_tokens_total", before, after_first) == 5
+    # Every sampled token counts: the first comes from the prefill step, five from decodes.
+    assert grew("vlite:generation_tokens_total", before, after_first) == 6
     assert grew("vlite:prompt_tokens_total", before, after_first) == num_prompt
+    assert grew("vlite:prefill_tokens_computed_total", before, after_first) == num_prompt
     assert grew("vlite:engine_steps_total", before, after_first) == 6
     assert grew("vlite:prefix_cache_queries_total", before, after_first) == num_prompt
     # The repeat finds the prompt's full blocks in the prefix cache.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from vlite.core.stats import StepTotals
 from vlite.engine.core_messages import EngineCoreStats
 from vlite.server.metrics import render_metrics
 
@@ -13,19 +14,24 @@ SAMPLE = re.compile(
 
 
 def make_stats(**changes) -> EngineCoreStats:
-    fields = dict(
-        num_kv_blocks=200,
-        num_free_kv_blocks=150,
-        num_unfinished_requests=5,
-        num_running_requests=3,
-        num_waiting_requests=2,
+    totals = StepTotals(
         num_steps=40,
-        num_failed_steps=1,
+        num_new_prompt_tokens=650,
+        num_generation_tokens=120,
         num_prefill_tokens=700,
-        num_decode_tokens=120,
         num_prefix_cache_queried_tokens=640,
         num_prefix_cache_hit_tokens=256,
         num_preemptions=4,
+    )
+    fields = dict(
+        num_kv_blocks=200,
+        num_free_kv_blocks=150,
+        kv_cache_usage=0.25,
+        num_unfinished_requests=5,
+        num_running_requests=3,
+        num_waiting_requests=2,
+        num_failed_steps=1,
+        totals=totals,
     )
     return EngineCoreStats(**{**fields, **changes})
 
@@ -54,8 +60,10 @@ def test_every_statistic_is_exposed_with_its_type_and_value():
     assert samples["vlite:kv_cache_usage_perc"] == ("gauge", "tiny", 0.25)
     assert samples["vlite:engine_steps_total"] == ("counter", "tiny", 40)
     assert samples["vlite:engine_failed_steps_total"][2] == 1
-    assert samples["vlite:prompt_tokens_total"][2] == 700
+    assert samples["vlite:prompt_tokens_total"][2] == 650
     assert samples["vlite:generation_tokens_total"][2] == 120
+    assert samples["vlite:prefill_tokens_computed_total"][2] == 700
+    assert samples["vlite:num_kv_cache_blocks"] == ("gauge", "tiny", 200)
     assert samples["vlite:prefix_cache_queries_total"][2] == 640
     assert samples["vlite:prefix_cache_hits_total"][2] == 256
     assert samples["vlite:num_preemptions_total"] == ("counter", "tiny", 4)
@@ -70,6 +78,6 @@ def test_the_model_label_is_escaped():
     assert model == 'my \\"model\\"\\\\v1'
 
 
-def test_an_empty_cache_reports_zero_usage():
-    samples = parse(render_metrics(make_stats(num_kv_blocks=0, num_free_kv_blocks=0), "m"))
-    assert samples["vlite:kv_cache_usage_perc"][2] == 0.0
+def test_every_annotated_statistic_is_exposed_once():
+    samples = parse(render_metrics(make_stats(), "m"))
+    assert len(samples) == 5 + 7  # four gauges and a counter on the struct, seven totals

@@ -12,7 +12,7 @@ from vlite.core.plugins import PluginRegistry, build_plugin_manager
 from vlite.core.request import EngineCoreRequest, Request, RequestStatus
 from vlite.core.sampler import unsupported_sampling_options
 from vlite.core.scheduler import Scheduler, SchedulerLimits, build_scheduler, resolve_limits
-from vlite.core.stats import BatchEntry, StepObserver, StepRecord, StepStats
+from vlite.core.stats import BatchEntry, StepObserver, StepRecord, StepStats, StepTotals
 
 
 def _check_prefix_caching(
@@ -105,6 +105,8 @@ class EngineCore:
         )
         self.scheduler: Scheduler = build_scheduler(scheduler_cls, limits, self.kv_cache_manager)
         self._step_observers: list[StepObserver] = []
+        #: Sums over every step run so far (what ``/metrics`` counts).
+        self.step_totals = StepTotals()
 
     # ---- requests ------------------------------------------------------------------
 
@@ -202,6 +204,7 @@ class EngineCore:
         self.executor.execute_model(scheduler_output)
         model_runner_output = self.executor.sample_tokens()
         outputs = self.scheduler.update_from_output(scheduler_output, model_runner_output)
+        self.step_totals.add(self.scheduler.last_step_stats, outputs)
         if record is not None:
             for observer in self._step_observers:
                 observer(record)

@@ -284,6 +284,7 @@ class Scheduler:
             num_prefix_cache_queried_tokens=kv.num_prefix_queried_tokens - num_queried,
             num_prefix_cache_hit_tokens=kv.num_prefix_hit_tokens - num_hit,
             num_preemptions=step.num_preempted,
+            num_new_prompt_tokens=sum(new.num_prompt_tokens for new in step.new_requests),
             num_waits_no_blocks=step.num_waits_no_blocks,
             num_waits_budget=step.num_waits_budget,
             num_waits_max_num_seqs=step.num_waits_max_num_seqs,

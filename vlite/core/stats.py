@@ -11,12 +11,38 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
+import typing
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, NamedTuple
+from typing import IO, TYPE_CHECKING, Annotated, Any, NamedTuple
 
 if TYPE_CHECKING:
+    from vlite.core.outputs import EngineCoreOutputs
     from vlite.core.request import Request
+
+
+class Metric(NamedTuple):
+    """How a statistics field is exposed (``Annotated[int, Metric(...)]`` on the field).
+
+    ``name`` is vLLM's name for the same quantity, without its prefix (a counter's
+    ``_total`` suffix is added by the exposition); ``kind`` is ``"counter"`` or ``"gauge"``.
+    """
+
+    name: str
+    kind: str
+    documentation: str
+
+
+def metric_values(stats: Any) -> Iterator[tuple[Metric, float]]:
+    """Every ``(Metric, value)`` of a statistics object: its annotated fields, and those of
+    the statistics objects it holds, in declaration order."""
+    for field_name, hint in typing.get_type_hints(type(stats), include_extras=True).items():
+        value = getattr(stats, field_name)
+        metrics = [m for m in getattr(hint, "__metadata__", ()) if isinstance(m, Metric)]
+        if metrics:
+            yield metrics[0], value
+        elif dataclasses.is_dataclass(value):
+            yield from metric_values(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +76,9 @@ class StepStats:
     num_prefix_cache_queried_tokens: int
     num_prefix_cache_hit_tokens: int
     num_preemptions: int
+    #: Prompt tokens of the requests admitted for the first time in this step (a resumed,
+    #: preempted request is not counted again; cached prefix tokens are).
+    num_new_prompt_tokens: int
     num_waits_no_blocks: int
     num_waits_budget: int
     num_waits_max_num_seqs: int
@@ -95,22 +124,56 @@ class StepRecord:
 
 @dataclass
 class StepTotals:
-    """Running sums of :class:`StepStats` over the steps an engine ran (for ``/metrics``)."""
+    """Running sums over the steps an engine ran; each field is one ``/metrics`` counter.
 
-    num_steps: int = 0
-    num_prefill_tokens: int = 0
-    num_decode_tokens: int = 0
-    num_prefix_cache_queried_tokens: int = 0
-    num_prefix_cache_hit_tokens: int = 0
-    num_preemptions: int = 0
+    A field named like a :class:`StepStats` field sums it; ``num_steps`` counts steps and
+    ``num_generation_tokens`` the tokens the steps sampled.
+    """
 
-    def add(self, stats: StepStats) -> None:
+    num_steps: Annotated[int, Metric("engine_steps", "counter", "Engine steps run.")] = 0
+    num_new_prompt_tokens: Annotated[
+        int,
+        Metric(
+            "prompt_tokens",
+            "counter",
+            "Prompt tokens of the requests admitted, each request once (cached prefix tokens "
+            "count; recomputation after preemption does not).",
+        ),
+    ] = 0
+    num_generation_tokens: Annotated[
+        int, Metric("generation_tokens", "counter", "Generated tokens (every sampled token).")
+    ] = 0
+    num_prefill_tokens: Annotated[
+        int,
+        Metric(
+            "prefill_tokens_computed",
+            "counter",
+            "Prompt tokens computed, including chunks and recomputation after preemption.",
+        ),
+    ] = 0
+    num_prefix_cache_queried_tokens: Annotated[
+        int,
+        Metric("prefix_cache_queries", "counter", "Prompt tokens looked up in the prefix cache."),
+    ] = 0
+    num_prefix_cache_hit_tokens: Annotated[
+        int, Metric("prefix_cache_hits", "counter", "Prompt tokens found in the prefix cache.")
+    ] = 0
+    num_preemptions: Annotated[
+        int, Metric("num_preemptions", "counter", "Requests preempted to free KV-cache blocks.")
+    ] = 0
+
+    def add(self, stats: StepStats, outputs: EngineCoreOutputs) -> None:
+        """Add one step: its :class:`StepStats` and the tokens it sampled."""
         self.num_steps += 1
-        self.num_prefill_tokens += stats.num_prefill_tokens
-        self.num_decode_tokens += stats.num_decode_tokens
-        self.num_prefix_cache_queried_tokens += stats.num_prefix_cache_queried_tokens
-        self.num_prefix_cache_hit_tokens += stats.num_prefix_cache_hit_tokens
-        self.num_preemptions += stats.num_preemptions
+        self.num_generation_tokens += sum(len(o.new_token_ids) for o in outputs.outputs)
+        for name in _SUMMED_FIELDS:
+            setattr(self, name, getattr(self, name) + getattr(stats, name))
+
+
+#: The StepTotals fields that sum the StepStats field of the same name.
+_SUMMED_FIELDS = tuple(
+    f.name for f in dataclasses.fields(StepTotals) if f.name in StepStats.__dataclass_fields__
+)
 
 
 #: Called by the engine core after each step it ran (in the engine core's process).

@@ -9,10 +9,13 @@ requests that failed, a utility result, or a fatal error just before the process
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
 from vlite.core.outputs import EngineCoreOutput
 from vlite.core.request import EngineCoreRequest, RequestStatus
+from vlite.core.stats import Metric, StepTotals
 
 # ---- front end -> engine core ---------------------------------------------------------
 
@@ -56,21 +59,38 @@ class EngineCoreInfo(msgspec.Struct, array_like=True):
 
 
 class EngineCoreStats(msgspec.Struct, array_like=True):
-    """The core's state between steps (the answer to :class:`GetStats`)."""
+    """The core's state between steps (the answer to :class:`GetStats`).
 
-    num_kv_blocks: int
+    Every field annotated with a :class:`~vlite.core.stats.Metric`, and every counter of
+    ``totals``, is exposed by ``/metrics`` (:func:`vlite.core.stats.metric_values`).
+    """
+
+    num_kv_blocks: Annotated[int, Metric("num_kv_cache_blocks", "gauge", "KV-cache blocks in all.")]
     num_free_kv_blocks: int
+    kv_cache_usage: Annotated[
+        float,
+        Metric("kv_cache_usage_perc", "gauge", "Fraction of KV-cache blocks in use (0 to 1)."),
+    ]
     num_unfinished_requests: int
-    num_running_requests: int
-    num_waiting_requests: int
-    num_steps: int
-    num_failed_steps: int
-    #: Sums over the steps run so far (see :class:`~vlite.core.stats.StepTotals`).
-    num_prefill_tokens: int = 0
-    num_decode_tokens: int = 0
-    num_prefix_cache_queried_tokens: int = 0
-    num_prefix_cache_hit_tokens: int = 0
-    num_preemptions: int = 0
+    num_running_requests: Annotated[
+        int, Metric("num_requests_running", "gauge", "Requests in the running batch.")
+    ]
+    num_waiting_requests: Annotated[
+        int,
+        Metric(
+            "num_requests_waiting", "gauge", "Requests waiting to be scheduled (new or preempted)."
+        ),
+    ]
+    num_failed_steps: Annotated[
+        int,
+        Metric(
+            "engine_failed_steps",
+            "counter",
+            "Engine steps that raised (their requests finished with an error).",
+        ),
+    ]
+    #: Sums over the steps run so far.
+    totals: StepTotals
 
 
 class StepOutputs(msgspec.Struct, tag="outputs", array_like=True):

@@ -31,7 +31,6 @@ from vlite.core.config import VliteConfig
 from vlite.core.engine_core import EngineCore
 from vlite.core.errors import InvalidRequestError
 from vlite.core.request import RequestStatus
-from vlite.core.stats import StepTotals
 from vlite.engine.core_messages import (
     AddRequest,
     CoreInput,
@@ -82,7 +81,6 @@ class EngineCoreProc:
         self.engine_core = engine_core
         self.input_queue: queue.Queue[CoreInput | _Stop] = queue.Queue()
         self.output_queue: queue.Queue[CoreOutput | None] = queue.Queue()
-        self.step_totals = StepTotals()
         self.num_failed_steps = 0
         self._is_running = True
         self._handlers: dict[type, Callable[[Any], None]] = {
@@ -160,8 +158,6 @@ class EngineCoreProc:
         except Exception as exc:
             self._fail_unfinished_requests(exc)
             return
-        if self.engine_core.last_step_stats is not None:
-            self.step_totals.add(self.engine_core.last_step_stats)
         if outputs.outputs:
             self.output_queue.put(StepOutputs(outputs.outputs))
 
@@ -191,19 +187,16 @@ class EngineCoreProc:
 
     def _get_stats(self, message: GetStats) -> None:
         core = self.engine_core
+        kv_cache = core.kv_cache_manager
         stats = EngineCoreStats(
-            num_kv_blocks=core.kv_cache_manager.num_blocks,
-            num_free_kv_blocks=core.kv_cache_manager.num_free_blocks,
+            num_kv_blocks=kv_cache.num_blocks,
+            num_free_kv_blocks=kv_cache.num_free_blocks,
+            kv_cache_usage=kv_cache.num_used_blocks / max(kv_cache.num_blocks, 1),
             num_unfinished_requests=core.scheduler.num_unfinished_requests,
             num_running_requests=len(core.scheduler.running),
             num_waiting_requests=len(core.scheduler.waiting),
-            num_steps=self.step_totals.num_steps,
             num_failed_steps=self.num_failed_steps,
-            num_prefill_tokens=self.step_totals.num_prefill_tokens,
-            num_decode_tokens=self.step_totals.num_decode_tokens,
-            num_prefix_cache_queried_tokens=self.step_totals.num_prefix_cache_queried_tokens,
-            num_prefix_cache_hit_tokens=self.step_totals.num_prefix_cache_hit_tokens,
-            num_preemptions=self.step_totals.num_preemptions,
+            totals=core.step_totals,
         )
         self.output_queue.put(UtilityResult(message.call_id, stats=stats))
 

@@ -1,107 +1,48 @@
-"""``GET /metrics``: the engine's state and counters in Prometheus' text format.
+"""``GET /metrics``: the engine's state and counters, rendered by ``prometheus_client``.
 
-Names follow vLLM's (with the ``vlite:`` prefix), so dashboards built for one read the
-other. Every sample carries a ``model_name`` label. Gauges are read from the engine core
-when scraped (one :class:`~vlite.engine.core_messages.GetStats` round trip); counters are
-sums over the steps the core has run since it started.
+Nothing is listed here: every field of the engine core's statistics that carries a
+:class:`~vlite.core.stats.Metric` (:class:`~vlite.engine.core_messages.EngineCoreStats`
+and its :class:`~vlite.core.stats.StepTotals`) becomes one metric. Names are vLLM's under
+the ``vlite:`` prefix, so dashboards built for one read the other; every sample carries a
+``model_name`` label. Gauges are read from the engine core when scraped (one
+:class:`~vlite.engine.core_messages.GetStats` round trip); counters are sums over the steps
+the core has run since it started.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from vlite.core.stats import metric_values
 from vlite.engine.core_messages import EngineCoreStats
 
-#: Prometheus' content type for the text exposition format.
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: The content type of what :func:`render_metrics` returns.
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+PREFIX = "vlite:"
+_FAMILIES = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily}
 
-# (name, type, help, value of the stats)
-_METRICS = (
-    (
-        "vlite:num_requests_running",
-        "gauge",
-        "Requests in the running batch.",
-        lambda s: s.num_running_requests,
-    ),
-    (
-        "vlite:num_requests_waiting",
-        "gauge",
-        "Requests waiting to be scheduled (new or preempted).",
-        lambda s: s.num_waiting_requests,
-    ),
-    (
-        "vlite:kv_cache_usage_perc",
-        "gauge",
-        "Fraction of KV-cache blocks in use (0 to 1).",
-        lambda s: 1 - s.num_free_kv_blocks / s.num_kv_blocks if s.num_kv_blocks else 0.0,
-    ),
-    (
-        "vlite:num_kv_cache_blocks",
-        "gauge",
-        "KV-cache blocks in all.",
-        lambda s: s.num_kv_blocks,
-    ),
-    (
-        "vlite:engine_steps_total",
-        "counter",
-        "Engine steps run.",
-        lambda s: s.num_steps,
-    ),
-    (
-        "vlite:engine_failed_steps_total",
-        "counter",
-        "Engine steps that raised (their requests finished with an error).",
-        lambda s: s.num_failed_steps,
-    ),
-    (
-        "vlite:prompt_tokens_total",
-        "counter",
-        "Prompt tokens computed (prefill, including recomputation after preemption).",
-        lambda s: s.num_prefill_tokens,
-    ),
-    (
-        "vlite:generation_tokens_total",
-        "counter",
-        "Tokens computed for generated tokens (decode).",
-        lambda s: s.num_decode_tokens,
-    ),
-    (
-        "vlite:prefix_cache_queries_total",
-        "counter",
-        "Prompt tokens looked up in the prefix cache.",
-        lambda s: s.num_prefix_cache_queried_tokens,
-    ),
-    (
-        "vlite:prefix_cache_hits_total",
-        "counter",
-        "Prompt tokens found in the prefix cache.",
-        lambda s: s.num_prefix_cache_hit_tokens,
-    ),
-    (
-        "vlite:num_preemptions_total",
-        "counter",
-        "Requests preempted to free KV-cache blocks.",
-        lambda s: s.num_preemptions,
-    ),
-)
+
+class _StatsCollector:
+    """A one-scrape ``prometheus_client`` collector over an :class:`EngineCoreStats`."""
+
+    def __init__(self, stats: EngineCoreStats, model_name: str) -> None:
+        self.stats = stats
+        self.model_name = model_name
+
+    def collect(self) -> Iterator[Metric]:
+        for metric, value in metric_values(self.stats):
+            family = _FAMILIES[metric.kind](
+                PREFIX + metric.name, metric.documentation, labels=["model_name"]
+            )
+            family.add_metric([self.model_name], value)
+            yield family
 
 
 def render_metrics(stats: EngineCoreStats, model_name: str) -> str:
     """The exposition text for one scrape."""
-    return "".join(_lines(stats, model_name))
-
-
-def _lines(stats: EngineCoreStats, model_name: str) -> Iterator[str]:
-    labels = f'{{model_name="{_escape_label(model_name)}"}}'
-    for name, kind, help_text, value_of in _METRICS:
-        yield f"# HELP {name} {help_text}\n"
-        yield f"# TYPE {name} {kind}\n"
-        yield f"{name}{labels} {_format_value(value_of(stats))}\n"
-
-
-def _escape_label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _format_value(value: float) -> str:
-    return str(value) if isinstance(value, int) else repr(float(value))
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_StatsCollector(stats, model_name))
+    return generate_latest(registry).decode()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 
+from vlite.core.outputs import EngineCoreOutputs
 from vlite.core.request import RequestStatus
 from vlite.core.stats import BatchEntry, StepRecord, StepTotals, TraceWriter
 from vlite.plugins.schedulers.fcfs import FcfsPolicy
@@ -122,14 +123,13 @@ def test_step_totals_sum_every_step():
     driver.add("c", list(range(20, 33)), 4)
     steps = []
     while driver.scheduler.has_unfinished_requests():
-        driver.step()
+        step = driver.step()
         steps.append(driver.scheduler.last_step_stats)
-        totals.add(steps[-1])
+        totals.add(steps[-1], EngineCoreOutputs(list(step.outputs.values())))
 
     assert totals.num_steps == len(steps)
     for name in (
         "num_prefill_tokens",
-        "num_decode_tokens",
         "num_prefix_cache_queried_tokens",
         "num_prefix_cache_hit_tokens",
         "num_preemptions",
@@ -137,4 +137,10 @@ def test_step_totals_sum_every_step():
         assert getattr(totals, name) == sum(getattr(s, name) for s in steps), name
     assert totals.num_prefix_cache_hit_tokens >= 8  # "b" reused "a"'s two full blocks
     assert totals.num_preemptions > 0  # five blocks cannot hold all three
+    # Generated tokens are the sampled ones; prompt tokens count each request once, although
+    # preempted requests recomputed theirs (so more prefill tokens were computed).
+    assert totals.num_generation_tokens == 6 + 6 + 4
+    assert totals.num_new_prompt_tokens == 9 + 9 + 13
+    recomputed_or_cached = totals.num_prefill_tokens + totals.num_prefix_cache_hit_tokens
+    assert recomputed_or_cached > totals.num_new_prompt_tokens
     assert driver.outputs == driver.expected
