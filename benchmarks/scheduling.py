@@ -27,13 +27,8 @@ from pathlib import Path
 import torch
 
 from vlite import LLM
-from vlite.bench.workload import (
-    Arrival,
-    WorkloadResult,
-    percentile,
-    random_token_ids,
-    run_workload,
-)
+from vlite.bench.percentiles import percentile
+from vlite.bench.workload import Arrival, WorkloadResult, random_token_ids, run_workload
 
 
 def random_tokens(rng: random.Random, n: int) -> list[int]:
@@ -64,7 +59,7 @@ def chunked_prefill_case(args, model: str) -> None:
     fcfs, chunked = results["fcfs"], results["chunked-prefill"]
 
     def p99_itl(result: WorkloadResult) -> float:
-        return percentile(result.all_token_gaps_s("decode"), 0.99)
+        return percentile(result.all_token_gaps_s("decode"), 99)
 
     print(
         f"(a) chunked prefill: {args.num_decodes} decodes x {args.decode_tokens} tokens, "

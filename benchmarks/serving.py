@@ -56,6 +56,8 @@ from pathlib import Path
 import httpx
 import psutil
 
+from vlite.bench.percentiles import percentile
+
 ENGINES = ("vlite", "transformers")
 PEER = "transformers"
 #: How a server is stopped: each signal goes to its process group, then it gets the grace.
@@ -480,17 +482,6 @@ def indent(text: str) -> str:
 
 
 # ---- report -----------------------------------------------------------------------------
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile (0-100), interpolating linearly between order statistics."""
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    rank = (len(ordered) - 1) * q / 100
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 def metrics(run: EngineRun) -> dict[str, float]:

@@ -7,7 +7,8 @@ import random
 
 import pytest
 
-from vlite.bench.workload import Arrival, percentile, random_token_ids, run_workload
+from vlite.bench.percentiles import percentile
+from vlite.bench.workload import Arrival, random_token_ids, run_workload
 from vlite.engine.llm import LLM
 from vlite.testing.tiny_models import make_tiny_model
 
@@ -57,12 +58,13 @@ def test_a_gap_between_arrivals_steps_nothing_but_counts_the_step(engine):
     assert result.num_output_tokens == 2
 
 
-def test_percentile_is_nearest_rank_and_nan_when_empty():
+def test_percentile_interpolates_between_order_statistics_and_is_nan_when_empty():
     values = [float(v) for v in range(1, 101)]
-    assert percentile(values, 0.5) == 51.0
-    assert percentile(values, 0.99) == 100.0
-    assert percentile(values[::-1], 0.0) == 1.0
-    assert math.isnan(percentile([], 0.5))
+    assert percentile(values, 50) == 50.5  # halfway between the 50th and 51st values
+    assert percentile(values, 99) == pytest.approx(99.01)
+    assert percentile(values[::-1], 0) == 1.0 and percentile(values, 100) == 100.0
+    assert percentile([7.0], 99) == 7.0
+    assert math.isnan(percentile([], 50))
 
 
 def test_random_token_ids_stay_in_the_vocabulary_above_the_special_ids():

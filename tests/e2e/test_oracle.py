@@ -1,4 +1,4 @@
-"""The correctness oracle (DESIGN §4): greedy float32 tokens equal transformers' generate.
+"""The correctness oracle: greedy float32 tokens equal transformers' generate.
 
 Eight tiny random models (four architectures; GQA with tied embeddings and MHA with
 untied ones), eight prompts of different lengths, 24 new tokens, run one at a time, all in

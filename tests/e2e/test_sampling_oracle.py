@@ -1,4 +1,4 @@
-"""The oracle for the sampling options (DESIGN §4): greedy float32 with a repetition
+"""The oracle for the sampling options: greedy float32 with a repetition
 penalty equals transformers' ``generate(..., repetition_penalty=...)``, and logprobs equal
 the log-softmax of transformers' raw logits."""
 

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from vlite import LLM, SamplingParams
 from vlite.cli.main import cli
-from vlite.core.stats import StatsRecorder
+from vlite.core.stats import StepRecord, StepStats
 from vlite.testing.engine_runs import cached_tiny_model
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
@@ -27,6 +27,16 @@ BUDGET = 64
 @pytest.fixture(scope="module")
 def model() -> str:
     return str(cached_tiny_model("LlamaForCausalLM", max_position_embeddings=2048))
+
+
+class StatsRecorder:
+    """A step observer that keeps every step's StepStats in ``steps``."""
+
+    def __init__(self) -> None:
+        self.steps: list[StepStats] = []
+
+    def __call__(self, record: StepRecord) -> None:
+        self.steps.append(record.stats)
 
 
 def prompts(lengths: list[int], seed: int = 0) -> list[dict]:

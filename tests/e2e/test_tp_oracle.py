@@ -1,4 +1,4 @@
-"""The correctness oracle at tensor-parallel size 2 (DESIGN §4): ``multiproc`` workers give
+"""The correctness oracle at tensor-parallel size 2: ``multiproc`` workers give
 the same greedy float32 tokens as transformers' ``generate``.
 
 Two tiny models: Qwen3 with GQA and tied embeddings (per-head q/k norms, a head_dim that is

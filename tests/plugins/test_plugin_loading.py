@@ -139,9 +139,11 @@ def test_a_hook_that_raises_while_registering_is_an_error(install_plugin, tiny_m
 def test_registering_something_that_is_not_a_scheduler_class_is_an_error(
     install_plugin, registered, problem
 ):
-    source = scheduler_plugin().replace(
-        "register('newest-first', NewestFirstPolicy)", f"register('odd', {registered})"
-    ).replace("import vlite\n", "import vlite\nfrom vlite.core.scheduler import Scheduler\n")
+    source = (
+        scheduler_plugin()
+        .replace("register('newest-first', NewestFirstPolicy)", f"register('odd', {registered})")
+        .replace("import vlite\n", "import vlite\nfrom vlite.core.scheduler import Scheduler\n")
+    )
     module = install_plugin("odd-plugin", source, "0.2")
     with pytest.raises(PluginError) as info:
         PluginRegistry(build_plugin_manager())

@@ -124,14 +124,6 @@ def _step(engine: LLMEngine, result: WorkloadResult) -> list:
     return outputs
 
 
-def percentile(values: list[float], q: float) -> float:
-    """The ``q`` quantile (0..1) of ``values`` by nearest rank; ``nan`` when empty."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def random_token_ids(rng: random.Random, num_tokens: int, vocab_size: int) -> list[int]:
     """Random prompt token ids, avoiding the lowest ids (often special tokens)."""
     low = min(4, vocab_size - 1)

@@ -89,7 +89,7 @@ def bench_command(
 
 def summarize(result) -> dict[str, Any]:
     """The figures of a :class:`~vlite.bench.workload.WorkloadResult`, times in ms."""
-    from vlite.bench.workload import percentile
+    from vlite.bench.percentiles import percentile
 
     ttfts = list(result.ttft_s.values())
     gaps = result.all_token_gaps_s()
@@ -98,8 +98,8 @@ def summarize(result) -> dict[str, Any]:
         mean = sum(values) / len(values) if values else float("nan")
         return {
             "mean": mean * 1e3,
-            "p50": percentile(values, 0.5) * 1e3,
-            "p99": percentile(values, 0.99) * 1e3,
+            "p50": percentile(values, 50) * 1e3,
+            "p99": percentile(values, 99) * 1e3,
         }
 
     return {

@@ -262,7 +262,3 @@ class KVCacheManager:
             if self._cached_blocks.get(block.block_hash) is block:
                 del self._cached_blocks[block.block_hash]
             block.block_hash = None
-
-    def reset_prefix_cache_stats(self) -> None:
-        self.num_prefix_hit_tokens = 0
-        self.num_prefix_queried_tokens = 0

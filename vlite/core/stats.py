@@ -180,16 +180,6 @@ _SUMMED_FIELDS = tuple(
 StepObserver = Callable[[StepRecord], None]
 
 
-class StatsRecorder:
-    """A step observer that keeps every step's :class:`StepStats` in ``steps``."""
-
-    def __init__(self) -> None:
-        self.steps: list[StepStats] = []
-
-    def __call__(self, record: StepRecord) -> None:
-        self.steps.append(record.stats)
-
-
 class TraceWriter:
     """A step observer that writes JSONL: per step, one ``step`` line then ``request`` lines.
 

@@ -12,9 +12,8 @@ from vlite.core.errors import InvalidRequestError
 from vlite.core.outputs import RequestOutput
 from vlite.core.plugins import PluginRegistry
 from vlite.core.sampling_params import SamplingParams
+from vlite.engine.input_processor import Prompt
 from vlite.engine.llm_engine import LLMEngine
-
-Prompt = str | dict[str, Any]
 
 
 class LLM:

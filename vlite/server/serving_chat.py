@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response
 
 from vlite.core.errors import InvalidRequestError
-from vlite.core.outputs import PositionLogprobs, RequestOutput
+from vlite.core.outputs import CompletionOutput, PositionLogprobs
 from vlite.core.sampling_params import MAX_LOGPROBS
 from vlite.server.errors import OpenAIError
 from vlite.server.logprobs import chat_logprobs
@@ -23,14 +23,15 @@ from vlite.server.protocol import (
     ChatResponseMessage,
     ChatStreamChoice,
     DeltaMessage,
-    random_id,
+    UsageInfo,
 )
-from vlite.server.serving import DONE, ClientDisconnected, OpenAIServing, collect, sse, sse_error
-from vlite.server.serving import usage as make_usage
+from vlite.server.serving import Choice, OpenAIServing
 
 
 class ChatServing(OpenAIServing):
     """Serves the chat completions API with the model's chat template."""
+
+    id_prefix = "chatcmpl"
 
     async def create(self, request: ChatCompletionRequest, raw_request: Request) -> Response:
         self.check_request(request)
@@ -43,16 +44,17 @@ class ChatServing(OpenAIServing):
         if max_tokens is None:
             max_tokens = self.default_max_tokens(len(prompt["prompt_token_ids"]))
         params = self.sampling_params(request, max_tokens, logprobs=num_top)
-        request_id = random_id("chatcmpl")
-        try:
-            first, stream = await self.start(raw_request, request_id, prompt, params)
-            if request.stream:
-                events = self._stream(request_id, first, stream, request, params.n)
-                return StreamingResponse(events, media_type="text/event-stream")
-            choices, last = await collect(raw_request, first, stream, params.n)
-        except ClientDisconnected:
-            return Response(status_code=499)
-        response = ChatCompletionResponse(
+        return await self.serve(request, raw_request, prompt, params)
+
+    def response(
+        self,
+        request_id: str,
+        request: ChatCompletionRequest,
+        choices: list[Choice],
+        total: UsageInfo,
+    ) -> ChatCompletionResponse:
+        num_top = _num_top_logprobs(request)
+        return ChatCompletionResponse(
             id=request_id,
             model=self.served_model_name,
             choices=[
@@ -65,56 +67,38 @@ class ChatServing(OpenAIServing):
                 )
                 for choice in choices
             ],
-            usage=make_usage(
-                len(last.prompt_token_ids), sum(len(choice.token_ids) for choice in choices)
-            ),
+            usage=total,
         )
-        return JSONResponse(response.model_dump())
 
-    async def _stream(
+    def opening_events(self, request_id: str, n: int) -> Iterator[dict[str, Any]]:
+        """The assistant role of each choice."""
+        for index in range(n):
+            yield self._chunk(request_id, index, DeltaMessage(role="assistant", content=""))
+
+    def delta_events(
         self,
         request_id: str,
-        first: RequestOutput,
-        stream: AsyncIterator[RequestOutput],
         request: ChatCompletionRequest,
-        n: int,
-    ) -> AsyncIterator[str]:
-        """SSE events: the assistant role of each choice, content deltas, each choice's
-        finish reason, usage (if asked), [DONE]. Every chunk names its choice's index."""
-        num_top = _num_top_logprobs(request)
-        for index in range(n):
-            yield sse(self._chunk(request_id, index, DeltaMessage(role="assistant", content="")))
-        output, num_tokens = first, 0
-        try:
-            while True:
-                for completion in output.outputs:
-                    num_tokens += len(completion.token_ids)
-                    logprobs = _logprobs(num_top, completion.token_ids, completion.logprobs or [])
-                    if completion.text or (logprobs is not None and completion.token_ids):
-                        delta = DeltaMessage(content=completion.text)
-                        chunk = self._chunk(request_id, completion.index, delta, logprobs=logprobs)
-                        yield sse(chunk)
-                    if completion.finished:
-                        finish = self._chunk(
-                            request_id, completion.index, DeltaMessage(), completion.finish_reason
-                        )
-                        yield sse(finish)
-                if output.finished:
-                    break
-                output = await anext(stream)
-            if request.include_usage:
-                chunk = ChatCompletionChunk(
-                    id=request_id,
-                    model=self.served_model_name,
-                    choices=[],
-                    usage=make_usage(len(output.prompt_token_ids), num_tokens),
-                )
-                yield sse(chunk.model_dump(exclude_none=True))
-        except Exception as exc:
-            yield sse_error(exc)
-        finally:
-            await stream.aclose()
-        yield DONE
+        completion: CompletionOutput,
+        state: dict[int, Any],
+    ) -> Iterator[dict[str, Any]]:
+        """A content delta (with its logprobs, if asked), and the choice's finish reason."""
+        logprobs = _logprobs(
+            _num_top_logprobs(request), completion.token_ids, completion.logprobs or []
+        )
+        if completion.text or (logprobs is not None and completion.token_ids):
+            delta = DeltaMessage(content=completion.text)
+            yield self._chunk(request_id, completion.index, delta, logprobs=logprobs)
+        if completion.finished:
+            yield self._chunk(
+                request_id, completion.index, DeltaMessage(), completion.finish_reason
+            )
+
+    def usage_event(self, request_id: str, total: UsageInfo) -> dict[str, Any]:
+        chunk = ChatCompletionChunk(
+            id=request_id, model=self.served_model_name, choices=[], usage=total
+        )
+        return chunk.model_dump(exclude_none=True)
 
     def _chunk(
         self,

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
+from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response
 
-from vlite.core.outputs import CompletionOutput, PositionLogprobs, RequestOutput
+from vlite.core.outputs import CompletionOutput, PositionLogprobs
 from vlite.engine.input_processor import Prompt
 from vlite.server.errors import OpenAIError
 from vlite.server.logprobs import completion_logprobs
@@ -16,10 +17,9 @@ from vlite.server.protocol import (
     CompletionLogProbs,
     CompletionRequest,
     CompletionResponse,
-    random_id,
+    UsageInfo,
 )
-from vlite.server.serving import DONE, ClientDisconnected, OpenAIServing, collect, sse, sse_error
-from vlite.server.serving import usage as make_usage
+from vlite.server.serving import Choice, OpenAIServing
 
 #: OpenAI's default for ``/v1/completions``.
 DEFAULT_MAX_TOKENS = 16
@@ -28,21 +28,23 @@ DEFAULT_MAX_TOKENS = 16
 class CompletionServing(OpenAIServing):
     """Serves the legacy completions API."""
 
+    id_prefix = "cmpl"
+
     async def create(self, request: CompletionRequest, raw_request: Request) -> Response:
         self.check_request(request)
         prompt = _engine_prompt(request.prompt)
         max_tokens = request.max_tokens if request.max_tokens is not None else DEFAULT_MAX_TOKENS
         params = self.sampling_params(request, max_tokens, logprobs=request.logprobs)
-        request_id = random_id("cmpl")
-        try:
-            first, stream = await self.start(raw_request, request_id, prompt, params)
-            if request.stream:
-                events = self._stream(request_id, first, stream, request)
-                return StreamingResponse(events, media_type="text/event-stream")
-            choices, last = await collect(raw_request, first, stream, params.n)
-        except ClientDisconnected:
-            return Response(status_code=499)
-        response = CompletionResponse(
+        return await self.serve(request, raw_request, prompt, params)
+
+    def response(
+        self,
+        request_id: str,
+        request: CompletionRequest,
+        choices: list[Choice],
+        total: UsageInfo,
+    ) -> CompletionResponse:
+        return CompletionResponse(
             id=request_id,
             model=self.served_model_name,
             choices=[
@@ -55,67 +57,39 @@ class CompletionServing(OpenAIServing):
                 )
                 for choice in choices
             ],
-            usage=make_usage(
-                len(last.prompt_token_ids), sum(len(choice.token_ids) for choice in choices)
-            ),
+            usage=total,
         )
-        return JSONResponse(response.model_dump())
 
-    async def _stream(
+    def delta_events(
         self,
         request_id: str,
-        first: RequestOutput,
-        stream: AsyncIterator[RequestOutput],
         request: CompletionRequest,
-    ) -> AsyncIterator[str]:
-        """SSE events: one per sample's output with new text or tokens (and its last), then
-        usage and [DONE]. Each chunk's choice carries the sample's ``index``."""
-        output, num_tokens = first, 0
-        text_offsets: dict[int, int] = {}
-        try:
-            while True:
-                for completion in output.outputs:
-                    num_tokens += len(completion.token_ids)
-                    has_logprobs = request.logprobs is not None and completion.token_ids
-                    if completion.text or has_logprobs or completion.finished:
-                        offset = text_offsets.get(completion.index, 0)
-                        choice = self._choice(request, completion, offset)
-                        if choice.logprobs is not None:  # offsets go by the tokens' text
-                            text_offsets[completion.index] = offset + sum(
-                                len(token) for token in choice.logprobs.tokens
-                            )
-                        chunk = CompletionResponse(
-                            id=request_id, model=self.served_model_name, choices=[choice]
-                        )
-                        yield sse(chunk.model_dump())
-                if output.finished:
-                    break
-                output = await anext(stream)
-            if request.include_usage:
-                usage = make_usage(len(output.prompt_token_ids), num_tokens)
-                chunk = CompletionResponse(
-                    id=request_id, model=self.served_model_name, choices=[], usage=usage
-                )
-                yield sse(chunk.model_dump())
-        except Exception as exc:
-            yield sse_error(exc)
-        finally:
-            await stream.aclose()
-        yield DONE
-
-    @staticmethod
-    def _choice(
-        request: CompletionRequest, completion: CompletionOutput, text_offset: int
-    ) -> CompletionChoice:
-        return CompletionChoice(
+        completion: CompletionOutput,
+        state: dict[int, Any],
+    ) -> Iterator[dict[str, Any]]:
+        """One event per sample's output with new text or tokens (and its last); ``state``
+        holds each sample's text offset for the logprobs."""
+        has_logprobs = request.logprobs is not None and completion.token_ids
+        if not (completion.text or has_logprobs or completion.finished):
+            return
+        offset = state.get(completion.index, 0)
+        choice = CompletionChoice(
             index=completion.index,
             text=completion.text,
-            logprobs=_logprobs(
-                request, completion.token_ids, completion.logprobs or [], text_offset
-            ),
+            logprobs=_logprobs(request, completion.token_ids, completion.logprobs or [], offset),
             finish_reason=completion.finish_reason,
             stop_reason=completion.stop_reason,
         )
+        if choice.logprobs is not None:  # offsets go by the tokens' text
+            state[completion.index] = offset + sum(len(t) for t in choice.logprobs.tokens)
+        chunk = CompletionResponse(id=request_id, model=self.served_model_name, choices=[choice])
+        yield chunk.model_dump()
+
+    def usage_event(self, request_id: str, total: UsageInfo) -> dict[str, Any]:
+        chunk = CompletionResponse(
+            id=request_id, model=self.served_model_name, choices=[], usage=total
+        )
+        return chunk.model_dump()
 
 
 def _logprobs(
