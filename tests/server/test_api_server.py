@@ -12,6 +12,7 @@ import pytest
 
 from vlite.core.config import VliteConfig
 from vlite.server.api_server import ApiServer, bind_socket
+from vlite.server.settings import ServerSettings
 from vlite.testing.tiny_models import make_tiny_model
 
 MODEL_NAME = "tiny-llama"
@@ -26,12 +27,9 @@ def server(tmp_path_factory):
     # the order of float32 sums, and so a greedy token of the random tiny model.
     config = VliteConfig(model=str(model), dtype="float32", num_kv_blocks=8, cpu_threads=1)
     ready = threading.Event()
+    settings = ServerSettings(served_model_name=MODEL_NAME, log_level="warning")
     api_server = ApiServer(
-        config,
-        bind_socket("127.0.0.1", 0),
-        served_model_name=MODEL_NAME,
-        log_level="warning",
-        on_ready=lambda _: ready.set(),
+        config, bind_socket("127.0.0.1", 0), settings, on_ready=lambda _: ready.set()
     )
     thread = threading.Thread(target=api_server.run, name="test-api-server", daemon=True)
     thread.start()
@@ -211,7 +209,12 @@ def test_chat_without_max_tokens_fills_the_cache(client):
             "min_tokens",
             "<= max_tokens",
         ),
-        ("/v1/completions", {"prompt": [5] * 600}, None, "max_model_len"),
+        ("/v1/completions", {"prompt": [5] * 600}, "prompt", "maximum context length is"),
+        ("/v1/completions", {"prompt": [5] * 400, "max_tokens": 200}, "max_tokens", "lower"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": 10**30}, "max_tokens", "less than"),
+        ("/v1/completions", {"prompt": "x", "seed": 2**64}, "seed", "less than"),
+        ("/v1/completions", {"prompt": "x", "stop_token_ids": [2**70]}, "stop_token_ids.0", ""),
+        ("/v1/completions", {"prompt": "x", "n": 129}, "n", "limit of 128"),
         ("/v1/completions", {"prompt": "x", "max_tokens": 300}, None, "KV-cache blocks"),
         ("/v1/chat/completions", {"messages": []}, "messages", "at least 1"),
         ("/v1/chat/completions", {"messages": CHAT, "n": -1}, "n", ">= 1"),

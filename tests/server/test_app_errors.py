@@ -15,10 +15,25 @@ from vlite.engine.exceptions import EngineDeadError, EngineGenerateError
 from vlite.server.api_server import build_app
 
 
-class FailingEngine:
-    """Streams one token of text, then fails; or, once dead, fails at once."""
+class FakeTokenizer:
+    def get_vocab(self) -> dict[str, int]:
+        return {"a": 0, "bb": 1}
+
+
+class FakeEngineBase:
+    """What the server asks of an engine before it generates."""
 
     max_model_len = 64
+
+    def get_tokenizer(self) -> FakeTokenizer:
+        return FakeTokenizer()
+
+    async def tokenize(self, prompt):
+        return {"prompt": prompt, "prompt_token_ids": [1]}
+
+
+class FailingEngine(FakeEngineBase):
+    """Streams one token of text, then fails; or, once dead, fails at once."""
 
     def __init__(self, dead: bool) -> None:
         self.dead_error = EngineDeadError("the engine core process died: test") if dead else None
@@ -71,10 +86,8 @@ def test_a_failure_without_streaming_is_a_500():
     assert "boom" in response.json()["error"]["message"]
 
 
-class RaisingEngine:
+class RaisingEngine(FakeEngineBase):
     """Raises ``error`` when asked to generate."""
-
-    max_model_len = 64
 
     def __init__(self, error: Exception) -> None:
         self.error = error

@@ -1,4 +1,7 @@
-"""Click options for every engine setting, generated from :class:`VliteConfig`'s fields.
+"""Click options for every setting, generated from the settings classes' fields.
+
+Engine settings come from :class:`VliteConfig`; ``vlite serve``'s own from
+:class:`~vlite.server.settings.ServerSettings`.
 
 Each field ``name`` becomes ``--name-with-dashes`` (a boolean one ``--name/--no-name``) with
 the field's type, its ``Literal`` values as a ``click.Choice`` and its description as help;
@@ -26,34 +29,50 @@ FLAG_ALIASES: dict[str, tuple[str, ...]] = {
 }
 
 
-def _click_type(annotation: Any) -> Any:
-    """The click type of a field annotation (``X | None`` as ``X``); ``bool`` for flags."""
+def _click_type(annotation: Any) -> tuple[Any, bool]:
+    """``(click type, repeatable)`` of a field annotation: ``X | None`` as ``X``, a
+    ``Literal`` as a ``click.Choice``, ``tuple[X, ...]`` as a repeatable ``X``."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         (annotation,) = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+    if typing.get_origin(annotation) is tuple:
+        return _click_type(typing.get_args(annotation)[0])[0], True
     if typing.get_origin(annotation) is typing.Literal:
-        return click.Choice([str(value) for value in typing.get_args(annotation)])
-    return annotation
+        return click.Choice([str(value) for value in typing.get_args(annotation)]), False
+    return annotation, False
 
 
-def engine_option(field: str) -> Callable[[Callable], Callable]:
-    """The click option of one :class:`VliteConfig` field."""
-    info = VliteConfig.model_fields[field]
+def settings_option(settings_cls: type, field: str) -> Callable[[Callable], Callable]:
+    """The click option of one settings field (``--field-name``, its type and help)."""
+    info = settings_cls.model_fields[field]
     flag = "--" + field.replace("_", "-")
-    click_type = _click_type(info.annotation)
+    click_type, repeatable = _click_type(info.annotation)
     help_text = info.description or ""
     if click_type is bool:
         declarations = [f"{flag}/--no-{flag[2:]}"]
         kwargs: dict[str, Any] = {}
     else:
         declarations = [flag]
-        kwargs = {"type": click_type}
-    if info.default is not None:
-        help_text += (
-            f"  [default: {str(info.default).lower() if click_type is bool else info.default}]"
-        )
+        kwargs = {"type": click_type, "multiple": repeatable}
+    if info.default not in (None, ()):
+        shown = str(info.default).lower() if click_type is bool else info.default
+        help_text += f"  [default: {shown}]"
     declarations += FLAG_ALIASES.get(field, ())
     # default=None: a flag not given is not an override (the file or environment may set it).
     return click.option(*declarations, field, default=None, help=help_text, **kwargs)
+
+
+def engine_option(field: str) -> Callable[[Callable], Callable]:
+    """The click option of one :class:`VliteConfig` field."""
+    return settings_option(VliteConfig, field)
+
+
+def given_options(options: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
+    """Remove ``fields`` from a command's keyword arguments; return the ones given (not
+    ``None``, and a repeatable option not empty)."""
+    popped = {field: options.pop(field) for field in fields if field in options}
+    return {field: value for field, value in popped.items() if value not in (None, ())}
 
 
 #: Every :class:`VliteConfig` field, in declaration order: each has a flag.
@@ -78,7 +97,16 @@ def engine_options(command: Callable) -> Callable:
 
 def pop_engine_overrides(options: dict[str, Any]) -> dict[str, Any]:
     """Remove the engine flags from a command's keyword arguments; return the given ones."""
-    return {field: options.pop(field) for field in ENGINE_FIELDS if field in options}
+    return given_options(options, ENGINE_FIELDS)
+
+
+def build_settings(settings_cls: type, overrides: dict[str, Any]) -> Any:
+    """``settings_cls(**overrides)`` (the environment fills the rest); invalid settings
+    become a one-line click error."""
+    try:
+        return settings_cls(**overrides)
+    except ValidationError as exc:
+        raise click.UsageError(describe_validation_error(exc)) from None
 
 
 def build_config(config_file: str | None, overrides: dict[str, Any]) -> VliteConfig:

@@ -2,50 +2,64 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import click
 
-from vlite.cli.options import build_config, engine_options, pop_engine_overrides
+from vlite.cli.options import (
+    build_config,
+    build_settings,
+    engine_options,
+    given_options,
+    pop_engine_overrides,
+    settings_option,
+)
+from vlite.server.settings import ServerSettings
+
+#: Every :class:`ServerSettings` field: each has a flag.
+SERVER_FIELDS: tuple[str, ...] = tuple(ServerSettings.model_fields)
+
+
+def server_options(command: Callable) -> Callable:
+    """Add every :class:`~vlite.server.settings.ServerSettings` flag to a click command."""
+    for field in reversed(SERVER_FIELDS):
+        command = settings_option(ServerSettings, field)(command)
+    return command
 
 
 @click.command("serve")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option(
-    "--port", type=int, default=8000, show_default=True, help="TCP port (0 picks a free one)."
-)
-@click.option(
-    "--served-model-name",
-    help="The model name clients send and /v1/models lists (default: the --model value).",
-)
-@click.option(
-    "--log-level",
-    type=click.Choice(["critical", "error", "warning", "info", "debug"]),
-    default="info",
-    show_default=True,
-    help="Log level of the HTTP server.",
-)
+@server_options
 @engine_options
-def serve_command(host, port, served_model_name, log_level, config_file, **options):
+def serve_command(config_file, **options):
     """Serve the model over an OpenAI-compatible HTTP API.
 
     Endpoints: GET /health, GET /v1/models, POST /v1/completions and
     POST /v1/chat/completions ("stream": true streams server-sent events), GET /metrics
-    (Prometheus). The engine core runs in its own process; Ctrl-C stops both.
+    (Prometheus). The engine core runs in its own process.
 
     Unless told otherwise (--no-enable-chunked-prefill, VLITE_ENABLE_CHUNKED_PREFILL or a
     config file), the server chunks long prompts, with any --scheduler policy, under
     --max-num-batched-tokens 128 on CPU, 2048 on CUDA (unless set), so a new prompt does
     not stall the streams already running.
 
+    With --api-key (or VLITE_API_KEY), every route but /health and /metrics needs
+    'Authorization: Bearer KEY'. SIGTERM or Ctrl-C drains: new requests get 503, running
+    ones get --shutdown-timeout-s seconds, then the server stops (exit status 0; a second
+    signal stops at once). If the engine core dies, the server stops with exit status 1.
+
     \b
     Examples:
       vlite serve --port 8000
+      VLITE_API_KEY=secret vlite serve --host 0.0.0.0
       curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
         -d '{"prompt": "The capital of France is", "max_tokens": 16, "temperature": 0}'
       curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
         -d '{"messages": [{"role": "user", "content": "Hi"}], "stream": true}'
     """
+    server_overrides = given_options(options, SERVER_FIELDS)
     overrides = pop_engine_overrides(options)
     config = build_config(config_file, overrides)
+    settings = build_settings(ServerSettings, server_overrides)
 
     from vlite.engine.exceptions import EngineStartupError
     from vlite.server.api_server import ApiServer, bind_socket, with_serving_defaults
@@ -53,16 +67,12 @@ def serve_command(host, port, served_model_name, log_level, config_file, **optio
     config = with_serving_defaults(config, config_file, overrides)
 
     try:
-        sock = bind_socket(host, port)
+        sock = bind_socket(settings.host, settings.port)
     except OSError as exc:
-        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror}") from None
-    server = ApiServer(
-        config,
-        sock,
-        served_model_name=served_model_name,
-        log_level=log_level,
-        on_ready=_announce,
-    )
+        raise click.ClickException(
+            f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}"
+        ) from None
+    server = ApiServer(config, sock, settings, on_ready=_announce)
     try:
         server.run()
     except KeyboardInterrupt:
@@ -71,6 +81,9 @@ def serve_command(host, port, served_model_name, log_level, config_file, **optio
         raise click.ClickException(str(exc)) from None
     finally:
         sock.close()
+    if server.exit_code:
+        click.echo("vlite server stopped: the engine core died", err=True)
+        raise SystemExit(server.exit_code)
     click.echo("vlite server stopped", err=True)
 
 
@@ -92,6 +105,7 @@ def _announce(server) -> None:
     )
     click.echo(
         f"vlite serving {server.served_model_name!r} at {server.address} "
-        f"(OpenAI API under {server.address}/v1)",
+        f"(OpenAI API under {server.address}/v1"
+        f"{', API key required' if server.settings.api_key else ''})",
         err=True,
     )

@@ -17,6 +17,7 @@ import asyncio
 import itertools
 import logging
 from collections.abc import AsyncIterator, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from vlite.core.config import VliteConfig
@@ -34,6 +35,9 @@ from vlite.engine.output_processor import OutputProcessor
 from vlite.models.spec import ModelSpec
 
 logger = logging.getLogger(__name__)
+
+#: Threads that tokenize and template prompts for :meth:`AsyncLLM.tokenize`.
+TOKENIZER_THREADS = 2
 
 
 class AsyncLLM:
@@ -80,6 +84,10 @@ class AsyncLLM:
             raise
         self.input_processor = InputProcessor(self.tokenizer, model_spec.hf_config.vocab_size)
         self.output_processor = OutputProcessor(self.tokenizer)
+        #: Tokenizes and templates prompts off the event loop (see :meth:`tokenize`).
+        self._tokenizer_pool = ThreadPoolExecutor(
+            TOKENIZER_THREADS, thread_name_prefix="vlite-tokenizer"
+        )
 
     @classmethod
     def from_config(cls, config: VliteConfig, **kwargs: Any) -> AsyncLLM:
@@ -116,6 +124,23 @@ class AsyncLLM:
     def apply_chat_template(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
         """A prompt dict (text and token ids) for a conversation, ready for a reply."""
         return self.input_processor.apply_chat_template(messages)
+
+    async def tokenize(self, prompt: Prompt) -> dict[str, Any]:
+        """``{"prompt": text, "prompt_token_ids": ids}`` for a prompt, tokenized on a worker
+        thread so that a long prompt does not hold up the event loop (``generate`` then
+        uses the ids as they are)."""
+        loop = asyncio.get_running_loop()
+        text, ids = await loop.run_in_executor(
+            self._tokenizer_pool, self.input_processor.tokenize, prompt
+        )
+        return {"prompt": text, "prompt_token_ids": ids}
+
+    async def apply_chat_template_async(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        """:meth:`apply_chat_template` on a worker thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._tokenizer_pool, self.input_processor.apply_chat_template, messages
+        )
 
     # ---- requests ------------------------------------------------------------------
 
@@ -266,6 +291,14 @@ class AsyncLLM:
             if collector is not None:
                 collector.put_error(error_cls(errors.message))
 
+    def fail_all(self, error: BaseException) -> None:
+        """End every request in flight with ``error`` (their consumers raise it) and abort
+        them in the core, which frees their KV blocks (used by a server's shutdown)."""
+        core_request_ids = self.output_processor.core_request_ids(list(self._collectors))
+        self._fail_all(error)
+        if core_request_ids and self.dead_error is None:
+            self.engine_core.abort_requests(core_request_ids)
+
     def _fail_all(self, error: BaseException) -> None:
         self.output_processor.abort_requests(list(self._collectors))
         for collector in self._collectors.values():
@@ -283,3 +316,4 @@ class AsyncLLM:
                 loop.run_until_complete(asyncio.gather(task, return_exceptions=True))
         self._fail_all(EngineDeadError("the engine has been shut down"))
         self.engine_core.shutdown()
+        self._tokenizer_pool.shutdown(wait=False, cancel_futures=True)

@@ -8,8 +8,11 @@ Endpoints: ``GET /health``, ``GET /v1/models``, ``GET /metrics`` (Prometheus),
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import signal
 import socket
+import threading
 from collections.abc import Callable
 from http import HTTPStatus
 
@@ -20,12 +23,16 @@ from fastapi.responses import JSONResponse, Response
 from vlite import __version__
 from vlite.core.config import VliteConfig, describe_sources
 from vlite.engine.async_llm import AsyncLLM
+from vlite.engine.exceptions import EngineDeadError
 from vlite.server.errors import OpenAIError, install_error_handlers
+from vlite.server.guards import ApiKeyGuard, ASGIApp, Drain, DrainGuard, RequestSizeGuard
+from vlite.server.http_protocol import protocol_with_header_timeout
 from vlite.server.metrics import CONTENT_TYPE as METRICS_TYPE
 from vlite.server.metrics import render_metrics
 from vlite.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from vlite.server.serving_chat import ChatServing
 from vlite.server.serving_completions import CompletionServing
+from vlite.server.settings import ServerSettings
 from vlite.worker.cpu_threads import default_cpu_threads, physical_cores
 
 logger = logging.getLogger(__name__)
@@ -34,6 +41,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_SERVED_MODEL_NAME = "SmolLM2-135M-Instruct"
 #: Seconds open connections get to finish when the server stops; then they are cancelled.
 GRACEFUL_SHUTDOWN_S = 5
+#: How often the server checks that its engine core is alive.
+ENGINE_WATCH_INTERVAL_S = 0.2
 
 
 def served_model_name_for(config: VliteConfig, served_model_name: str | None = None) -> str:
@@ -72,13 +81,25 @@ def with_serving_defaults(
     return VliteConfig(**{**config.model_dump(), **update})
 
 
-def build_app(engine: AsyncLLM, served_model_name: str) -> FastAPI:
-    """The FastAPI app serving ``engine`` under ``served_model_name`` (the engine is not
-    owned: whoever built it shuts it down)."""
+def build_app(
+    engine: AsyncLLM,
+    served_model_name: str,
+    settings: ServerSettings | None = None,
+    drain: Drain | None = None,
+) -> ASGIApp:
+    """The ASGI app serving ``engine`` under ``served_model_name``: the routes behind the
+    guards (API key, request sizes, drain). The engine is not owned: whoever built it shuts
+    it down.
+
+    Args:
+        settings: the server's limits and keys; default: ``ServerSettings()`` (no key).
+        drain: the drain state the server sets on shutdown; default: a fresh one.
+    """
+    settings = settings or ServerSettings()
     app = FastAPI(title="vlite", version=__version__)
     install_error_handlers(app)
-    completions = CompletionServing(engine, served_model_name)
-    chat = ChatServing(engine, served_model_name)
+    completions = CompletionServing(engine, served_model_name, settings)
+    chat = ChatServing(engine, served_model_name, settings)
     app.state.engine = engine
 
     @app.get("/health")
@@ -109,7 +130,16 @@ def build_app(engine: AsyncLLM, served_model_name: str) -> FastAPI:
     ) -> Response:
         return await chat.create(request, raw_request)
 
-    return app
+    guarded: ASGIApp = DrainGuard(app, drain or Drain())
+    guarded = RequestSizeGuard(
+        guarded,
+        max_headers=settings.max_headers,
+        max_body_bytes=settings.max_request_bytes,
+        body_timeout_s=settings.body_timeout_s,
+    )
+    if settings.api_key:
+        guarded = ApiKeyGuard(guarded, settings.api_key, settings.protect_metrics)
+    return guarded
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -129,14 +159,29 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server without its signal handling: :class:`ApiServer` drains first."""
+
+    def capture_signals(self):  # type: ignore[override]
+        return contextlib.nullcontext()
+
+
 class ApiServer:
     """Runs the app on uvicorn with an AsyncLLM it owns, on a socket it is given.
+
+    Shutdown: the first SIGTERM or SIGINT (in the main thread) starts a drain: new requests
+    get 503 with ``Retry-After``, running ones get ``settings.shutdown_timeout_s`` seconds
+    to finish, then each remaining stream ends with an error event and ``[DONE]`` (a
+    non-streamed request gets a 503), the engine-core process and its workers stop and the
+    IPC files go; :meth:`run` then returns. A second signal skips the wait. If the engine
+    core dies, in-flight requests fail at once and the server stops too, with
+    :attr:`exit_code` 1, so that a supervisor restarts it.
 
     Args:
         config: the engine configuration.
         sock: a listening socket (see :func:`bind_socket`).
-        served_model_name: the model name clients use; default: ``config.model``.
-        log_level: uvicorn's log level.
+        settings: the server's settings (``served_model_name``, ``log_level``, keys,
+            limits, timeouts); default: ``ServerSettings()``.
         on_ready: called (in the server's thread) once the engine is ready, with this server.
     """
 
@@ -144,20 +189,23 @@ class ApiServer:
         self,
         config: VliteConfig,
         sock: socket.socket,
+        settings: ServerSettings | None = None,
         *,
-        served_model_name: str | None = None,
-        log_level: str = "info",
         on_ready: Callable[[ApiServer], None] | None = None,
     ) -> None:
         self.config = config
         self.sock = sock
-        self.served_model_name = served_model_name_for(config, served_model_name)
-        self.log_level = log_level
+        self.settings = settings or ServerSettings()
+        self.served_model_name = served_model_name_for(config, self.settings.served_model_name)
         self.on_ready = on_ready
         self.engine: AsyncLLM | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.drain = Drain()
+        #: 0 after a requested stop, 1 when the server stopped because the engine died.
+        self.exit_code = 0
         self._server: uvicorn.Server | None = None
         self._stop_requested = False
+        self._shutdown_task: asyncio.Task | None = None
 
     @property
     def address(self) -> str:
@@ -165,30 +213,95 @@ class ApiServer:
         return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
     def run(self) -> None:
-        """Serve until :meth:`stop` (or SIGINT/SIGTERM in the main thread)."""
+        """Serve until :meth:`stop`, a signal, or the engine's death."""
         asyncio.run(self.serve())
 
     async def serve(self) -> None:
         self.loop = asyncio.get_running_loop()
         self.engine = AsyncLLM.from_config(self.config)
+        watcher = None
         try:
-            app = build_app(self.engine, self.served_model_name)
-            uvicorn_config = uvicorn.Config(
-                app,
-                log_level=self.log_level,
-                lifespan="off",
-                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-            )
-            self._server = uvicorn.Server(uvicorn_config)
+            app = build_app(self.engine, self.served_model_name, self.settings, self.drain)
+            self._server = _Server(self._uvicorn_config(app))
             self._server.should_exit = self._stop_requested
+            self._install_signal_handlers()
+            watcher = self.loop.create_task(self._watch_engine(), name="vlite-engine-watch")
             if self.on_ready is not None:
                 self.on_ready(self)
             await self._server.serve(sockets=[self.sock])
         finally:
+            if watcher is not None:
+                watcher.cancel()
+            self._remove_signal_handlers()
             self.engine.shutdown()
 
+    def _uvicorn_config(self, app: ASGIApp) -> uvicorn.Config:
+        settings = self.settings
+        return uvicorn.Config(
+            app,
+            log_level=settings.log_level,
+            lifespan="off",
+            http=protocol_with_header_timeout(settings.header_timeout_s),
+            h11_max_incomplete_event_size=settings.max_header_bytes,
+            timeout_keep_alive=int(max(1, settings.keep_alive_timeout_s)),
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        )
+
     def stop(self) -> None:
-        """Ask the server to stop (thread-safe); :meth:`run` returns once it has."""
+        """Stop now (thread-safe): open connections get a few seconds; :meth:`run` returns
+        once the server has stopped."""
         self._stop_requested = True
         if self.loop is not None and self._server is not None:
             self.loop.call_soon_threadsafe(setattr, self._server, "should_exit", True)
+
+    def shut_down_gracefully(self) -> None:
+        """Drain, then stop (see the class docstring); call it on the server's loop. A
+        second call stops at once."""
+        if self._shutdown_task is not None:
+            logger.warning("second shutdown request: stopping now")
+            self._end_in_flight("the server is shutting down")
+            self._server.should_exit = True
+            self._server.force_exit = True
+            return
+        self._shutdown_task = self.loop.create_task(self._drain_and_stop())
+
+    async def _drain_and_stop(self) -> None:
+        timeout_s = self.settings.shutdown_timeout_s
+        logger.info("shutting down: refusing new requests, %.0f s for running ones", timeout_s)
+        self.drain.draining = True
+        if not await self.drain.wait_idle(timeout_s):
+            logger.warning(
+                "%d requests still running after %.0f s: ending them",
+                self.drain.num_in_flight,
+                timeout_s,
+            )
+            self._end_in_flight(f"the server shut down after waiting {timeout_s:g} s")
+            await self.drain.wait_idle(GRACEFUL_SHUTDOWN_S)
+        self._server.should_exit = True
+
+    def _end_in_flight(self, reason: str) -> None:
+        if self.engine is not None and self.engine.dead_error is None:
+            self.engine.fail_all(EngineDeadError(reason))
+
+    async def _watch_engine(self) -> None:
+        """Stop the server, with exit code 1, once the engine core is dead."""
+        while self.engine.dead_error is None:
+            await asyncio.sleep(ENGINE_WATCH_INTERVAL_S)
+        logger.error("the engine core died (%s): stopping the server", self.engine.dead_error)
+        self.exit_code = 1
+        self.engine.fail_all(self.engine.dead_error)
+        self.drain.draining = True
+        await self.drain.wait_idle(GRACEFUL_SHUTDOWN_S)
+        self._server.should_exit = True
+
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self.loop.add_signal_handler(sig, self.shut_down_gracefully)
+
+    def _remove_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread() or self.loop is None:
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self.loop.remove_signal_handler(sig)

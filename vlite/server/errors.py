@@ -18,6 +18,9 @@ from vlite.server.protocol import ErrorInfo, ErrorResponse
 
 logger = logging.getLogger(__name__)
 
+#: Longest error message sent (an error body stays under 2 KB).
+MAX_MESSAGE_CHARS = 1000
+
 
 class OpenAIError(Exception):
     """An error to send as ``{"error": {...}}`` with an HTTP status.
@@ -31,6 +34,8 @@ class OpenAIError(Exception):
     def __init__(
         self, message: str, status: int = HTTPStatus.BAD_REQUEST, param: str | None = None
     ) -> None:
+        if len(message) > MAX_MESSAGE_CHARS:  # never echo much of a request back
+            message = message[:MAX_MESSAGE_CHARS] + f"... ({len(message)} characters)"
         super().__init__(message)
         self.message = message
         self.status = int(status)
@@ -40,6 +45,8 @@ class OpenAIError(Exception):
     def type(self) -> str:
         if self.status == HTTPStatus.NOT_FOUND:
             return "NotFoundError"
+        if self.status == HTTPStatus.UNAUTHORIZED:
+            return "AuthenticationError"
         if self.status < 500:
             return "BadRequestError"
         return "InternalServerError"
@@ -50,6 +57,14 @@ class OpenAIError(Exception):
 
     def to_json_response(self) -> JSONResponse:
         return JSONResponse(self.to_response().model_dump(), status_code=self.status)
+
+
+def shorten(value: object, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters: error messages never echo much input."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"
 
 
 def from_exception(exc: BaseException) -> OpenAIError:
@@ -91,8 +106,7 @@ def _validation_error(exc: RequestValidationError) -> OpenAIError:
         return OpenAIError(f"invalid request body: {message}")
     if first.get("type") == "missing":
         return OpenAIError(f"{param} is required", param=param)
-    given = first.get("input")
-    return OpenAIError(f"{param}={given!r} is invalid: {message}", param=param)
+    return OpenAIError(f"{param}={shorten(first.get('input'))} is invalid: {message}", param=param)
 
 
 def install_error_handlers(app: FastAPI) -> None:

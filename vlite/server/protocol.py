@@ -8,9 +8,16 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+#: The range of every integer field but ``seed``: a larger value could never be right, and
+#: would overflow the engine's types (the sampling checks then give the precise limits).
+MAX_INT = 2**31 - 1
+Int32 = Annotated[int, Field(ge=-MAX_INT - 1, le=MAX_INT)]
+#: A seed is a 64-bit integer.
+Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 
 
 def random_id(prefix: str) -> str:
@@ -46,30 +53,34 @@ class StreamOptions(BaseModel):
 
 
 class SamplingRequest(BaseModel):
-    """The sampling fields completions and chat share (OpenAI's, plus vLLM's extras)."""
+    """The sampling fields completions and chat share (OpenAI's, plus vLLM's extras).
 
-    model_config = ConfigDict(extra="allow")
+    Integers are bounded (:data:`Int32`, :data:`Seed`) and floats must be finite, so no
+    value can overflow or poison the engine; the sampling checks give the exact ranges.
+    """
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     model: str | None = None
-    max_tokens: int | None = None
+    max_tokens: Int32 | None = None
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None  # vLLM extension
-    seed: int | None = None
+    top_k: Int32 | None = None  # vLLM extension
+    seed: Seed | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None  # vLLM extension
+    stop_token_ids: list[Int32] | None = None  # vLLM extension
     ignore_eos: bool = False  # vLLM extension
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = 1
+    n: Int32 = 1
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None  # vLLM extension
     min_p: float | None = None  # vLLM extension
-    min_tokens: int | None = None  # vLLM extension
+    min_tokens: Int32 | None = None  # vLLM extension
     user: str | None = None  # accepted and ignored
     # Known OpenAI features this server does not implement: rejected unless left unset.
-    best_of: int | None = None
+    best_of: Int32 | None = None
     echo: bool | None = None
     suffix: str | None = None
     logit_bias: dict[str, float] | None = None
@@ -85,9 +96,9 @@ class SamplingRequest(BaseModel):
 class CompletionRequest(SamplingRequest):
     """``POST /v1/completions``: one prompt, as text or token ids."""
 
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: str | list[Int32] | list[str] | list[list[Int32]]
     #: Log-probabilities of each token and of this many most likely alternatives.
-    logprobs: int | None = None
+    logprobs: Int32 | None = None
 
 
 class ChatMessage(BaseModel):
@@ -101,11 +112,11 @@ class ChatCompletionRequest(SamplingRequest):
     """``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
+    max_completion_tokens: Int32 | None = None
     #: Return each content token's log-probability ...
     logprobs: bool = False
     #: ... and this many most likely alternatives at each position (needs ``logprobs``).
-    top_logprobs: int | None = None
+    top_logprobs: Int32 | None = None
 
 
 # ---- responses --------------------------------------------------------------------------

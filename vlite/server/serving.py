@@ -17,8 +17,9 @@ from vlite.core.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from vlite.core.sampling_params import SAMPLING_PARAM_NAMES, SamplingParams
 from vlite.engine.async_llm import AsyncLLM
 from vlite.engine.input_processor import Prompt
-from vlite.server.errors import OpenAIError, from_exception
+from vlite.server.errors import OpenAIError, from_exception, shorten
 from vlite.server.protocol import SamplingRequest, UsageInfo, random_id
+from vlite.server.settings import ServerSettings
 
 T = TypeVar("T")
 
@@ -56,20 +57,26 @@ class OpenAIServing:
     Args:
         engine: the running AsyncLLM.
         served_model_name: the ``model`` that requests must name (if they name one).
+        settings: the server's limits (``max_n``, stop strings).
     """
 
     #: The prefix of the endpoint's response ids (``cmpl``, ``chatcmpl``).
     id_prefix = ""
 
-    def __init__(self, engine: AsyncLLM, served_model_name: str) -> None:
+    def __init__(
+        self, engine: AsyncLLM, served_model_name: str, settings: ServerSettings | None = None
+    ) -> None:
         self.engine = engine
         self.served_model_name = served_model_name
+        self.settings = settings or ServerSettings()
+        #: Longer prompts cannot fit the context whatever their tokens: refused untokenized.
+        self.max_prompt_chars = engine.max_model_len * longest_token_chars(engine.get_tokenizer())
 
     def check_request(self, request: SamplingRequest) -> None:
-        """Reject a request for another model or an unsupported feature."""
+        """Reject a request for another model, an unsupported feature, or over a limit."""
         if request.model is not None and request.model != self.served_model_name:
             raise OpenAIError(
-                f"the model {request.model!r} does not exist; this server serves "
+                f"the model {shorten(request.model)} does not exist; this server serves "
                 f"{self.served_model_name!r}",
                 status=404,
                 param="model",
@@ -78,9 +85,60 @@ class OpenAIServing:
             value = getattr(request, name)
             if not any(value == unset for unset in unset_values):
                 raise OpenAIError(
-                    f"{name}={value!r} is not supported by this server; leave it unset",
+                    f"{name}={shorten(value)} is not supported by this server; leave it unset",
                     param=name,
                 )
+        self._check_limits(request)
+
+    def _check_limits(self, request: SamplingRequest) -> None:
+        limits = self.settings
+        if request.n > limits.max_n:
+            raise OpenAIError(
+                f"n={request.n} is over this server's limit of {limits.max_n} samples",
+                param="n",
+            )
+        stops = [request.stop] if isinstance(request.stop, str) else request.stop or []
+        if len(stops) > limits.max_stop_strings:
+            raise OpenAIError(
+                f"stop has {len(stops)} strings; this server allows at most "
+                f"{limits.max_stop_strings}",
+                param="stop",
+            )
+        for stop in stops:
+            if len(stop) > limits.max_stop_string_chars:
+                raise OpenAIError(
+                    f"stop holds a string of {len(stop)} characters; this server allows at "
+                    f"most {limits.max_stop_string_chars}",
+                    param="stop",
+                )
+
+    def check_prompt_chars(self, num_chars: int, param: str) -> None:
+        """Refuse, before tokenizing it, a prompt too long to fit the context."""
+        if num_chars > self.max_prompt_chars:
+            raise OpenAIError(
+                f"the prompt has {num_chars} characters, more than can fit this model's "
+                f"context of {self.engine.max_model_len} tokens (at most "
+                f"{self.max_prompt_chars} characters)",
+                param=param,
+            )
+
+    def check_length(self, num_prompt_tokens: int, max_tokens: int | None, param: str) -> None:
+        """Refuse a request whose prompt, plus ``max_tokens`` if given, exceeds the context."""
+        max_model_len = self.engine.max_model_len
+        if num_prompt_tokens >= max_model_len:
+            raise OpenAIError(
+                f"this model's maximum context length is {max_model_len} tokens, and the "
+                f"prompt has {num_prompt_tokens}: no room to generate",
+                param=param,
+            )
+        if max_tokens is not None and num_prompt_tokens + max_tokens > max_model_len:
+            raise OpenAIError(
+                f"this model's maximum context length is {max_model_len} tokens; the request "
+                f"asks for {num_prompt_tokens + max_tokens} ({num_prompt_tokens} in the "
+                f"prompt, {max_tokens} in max_tokens): lower max_tokens to at most "
+                f"{max_model_len - num_prompt_tokens}",
+                param="max_tokens",
+            )
 
     def sampling_params(
         self, request: SamplingRequest, max_tokens: int, logprobs: int | None = None
@@ -272,6 +330,13 @@ async def run_until_disconnected(raw_request: Request, awaitable: Awaitable[T]) 
 async def _wait_for_disconnect(raw_request: Request) -> None:
     while (await raw_request.receive())["type"] != "http.disconnect":
         pass
+
+
+def longest_token_chars(tokenizer: Any) -> int:
+    """The most characters one token of the vocabulary stands for (at least 1): a prompt
+    of ``n`` characters has at least ``n / longest_token_chars`` tokens."""
+    vocab = tokenizer.get_vocab()
+    return max(1, max((len(token) for token in vocab), default=1))
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> UsageInfo:

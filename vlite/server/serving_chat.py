@@ -36,13 +36,17 @@ class ChatServing(OpenAIServing):
     async def create(self, request: ChatCompletionRequest, raw_request: Request) -> Response:
         self.check_request(request)
         num_top = _num_top_logprobs(request)
+        messages = _template_messages(request.messages)
+        self.check_prompt_chars(sum(len(m["content"]) for m in messages), "messages")
         try:
-            prompt = self.engine.apply_chat_template(_template_messages(request.messages))
+            prompt = await self.engine.apply_chat_template_async(messages)
         except InvalidRequestError as exc:
             raise OpenAIError(str(exc), param="messages") from None
+        num_prompt_tokens = len(prompt["prompt_token_ids"])
         max_tokens = request.max_completion_tokens or request.max_tokens
+        self.check_length(num_prompt_tokens, max_tokens, "messages")
         if max_tokens is None:
-            max_tokens = self.default_max_tokens(len(prompt["prompt_token_ids"]))
+            max_tokens = self.default_max_tokens(num_prompt_tokens)
         params = self.sampling_params(request, max_tokens, logprobs=num_top)
         return await self.serve(request, raw_request, prompt, params)
 

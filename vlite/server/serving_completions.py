@@ -33,9 +33,13 @@ class CompletionServing(OpenAIServing):
     async def create(self, request: CompletionRequest, raw_request: Request) -> Response:
         self.check_request(request)
         prompt = _engine_prompt(request.prompt)
+        if isinstance(prompt, str):
+            self.check_prompt_chars(len(prompt), "prompt")
+        tokenized = await self.engine.tokenize(prompt)
         max_tokens = request.max_tokens if request.max_tokens is not None else DEFAULT_MAX_TOKENS
+        self.check_length(len(tokenized["prompt_token_ids"]), max_tokens, "prompt")
         params = self.sampling_params(request, max_tokens, logprobs=request.logprobs)
-        return await self.serve(request, raw_request, prompt, params)
+        return await self.serve(request, raw_request, tokenized, params)
 
     def response(
         self,

@@ -1,0 +1,78 @@
+"""ServerSettings: how ``vlite serve`` listens, authenticates, limits and shuts down.
+
+The HTTP server's own settings, beside the engine's :class:`~vlite.core.config.VliteConfig`
+and read the same way: defaults < ``VLITE_*`` environment variables < flags (``vlite serve
+--help`` lists them, generated from these fields). Every limit has a default that a
+well-behaved client never meets; each is enforced before a request reaches the engine.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from vlite.core.config import ENV_PREFIX
+
+MIB = 1 << 20
+
+
+class ServerSettings(BaseSettings):
+    """The HTTP server's settings. Invalid values raise at construction, naming the field."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True)
+
+    host: str = Field("127.0.0.1", description="Address to listen on (loopback by default).")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port (0 picks a free one).")
+    served_model_name: str | None = Field(
+        None, description="The model name clients send and /v1/models lists; default: --model."
+    )
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
+        "info", description="Log level of the HTTP server."
+    )
+    api_key: Annotated[tuple[str, ...], NoDecode] = Field(
+        (),
+        description="Require 'Authorization: Bearer KEY' on /v1/* (repeatable; "
+        "VLITE_API_KEY takes a comma-separated list). /health and /metrics stay open.",
+    )
+    protect_metrics: bool = Field(False, description="Require the API key on /metrics too.")
+    max_request_bytes: int = Field(
+        8 * MIB, ge=1024, description="Largest request body; a larger one is answered 413."
+    )
+    max_n: int = Field(128, ge=1, description="Most samples (n) one request may ask for.")
+    max_stop_strings: int = Field(64, ge=0, description="Most stop strings in one request.")
+    max_stop_string_chars: int = Field(512, ge=1, description="Longest stop string, in characters.")
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="Seconds a client gets to send a request's headers."
+    )
+    body_timeout_s: float = Field(
+        30.0, gt=0, description="Seconds a client may pause while sending a request's body."
+    )
+    keep_alive_timeout_s: float = Field(
+        5.0, gt=0, description="Seconds an idle keep-alive connection stays open."
+    )
+    max_header_bytes: int = Field(
+        64 * 1024, ge=1024, description="Largest request line plus headers, in bytes."
+    )
+    max_headers: int = Field(100, ge=8, description="Most header fields in one request.")
+    shutdown_timeout_s: float = Field(
+        30.0,
+        ge=0,
+        description="On SIGTERM: seconds running requests get to finish before their "
+        "streams are ended with an error event.",
+    )
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _split_keys(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(key.strip() for key in value.split(",") if key.strip())
+        return value
+
+    @field_validator("api_key")
+    @classmethod
+    def _keys_are_not_blank(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if any(not key.strip() for key in value):
+            raise ValueError("an API key must not be empty")
+        return value
