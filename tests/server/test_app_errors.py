@@ -31,6 +31,9 @@ class FakeEngineBase:
     async def tokenize(self, prompt):
         return {"prompt": prompt, "prompt_token_ids": [1]}
 
+    def add_finished_request_observer(self, observer) -> None:
+        pass
+
 
 class FailingEngine(FakeEngineBase):
     """Streams one token of text, then fails; or, once dead, fails at once."""

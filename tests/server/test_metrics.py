@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import re
 
+from vlite.core.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from vlite.core.stats import StepTotals
 from vlite.engine.core_messages import EngineCoreStats
-from vlite.server.metrics import render_metrics
+from vlite.server.metrics import RequestHistograms, one_two_five_buckets, render_metrics
 
 SAMPLE = re.compile(
     r'^(?P<name>[a-z_:]+)\{model_name="(?P<model>(?:[^"\\]|\\.)*)"\} (?P<value>\S+)$'
+)
+BUCKET = re.compile(
+    r'^(?P<name>[a-z_:]+)_bucket\{le="(?P<le>[^"]+)",model_name="[^"]*"\} (?P<n>\S+)$'
 )
 
 
@@ -80,4 +84,49 @@ def test_the_model_label_is_escaped():
 
 def test_every_annotated_statistic_is_exposed_once():
     samples = parse(render_metrics(make_stats(), "m"))
-    assert len(samples) == 5 + 7  # four gauges and a counter on the struct, seven totals
+    # Four gauges and a counter on the struct, seven totals, and the health gauge.
+    assert len(samples) == 5 + 7 + 1
+    assert samples["vlite:engine_healthy"] == ("gauge", "m", 1)
+
+
+def test_a_dead_engine_still_gives_a_valid_answer_saying_so():
+    samples = parse(render_metrics(None, "m"))
+    assert samples == {"vlite:engine_healthy": ("gauge", "m", 0)}
+
+
+def finished(arrival, scheduled, token_times, prompt_len) -> RequestOutput:
+    metrics = RequestMetrics(arrival_time=arrival, first_scheduled_time=scheduled)
+    for when in token_times:
+        metrics.record_tokens(when, 1)
+    metrics.finished_time = token_times[-1]
+    completion = CompletionOutput(0, "text", list(range(len(token_times))), "length")
+    return RequestOutput("r", "p", list(range(prompt_len)), [completion], True, metrics=metrics)
+
+
+def test_request_histograms_take_each_finished_request_s_timings():
+    histograms = RequestHistograms("m", max_model_len=2048)
+    histograms.observe(finished(10.0, 10.5, [11.0, 11.02, 11.1], prompt_len=7))
+    histograms.observe(finished(20.0, 20.0, [20.004], prompt_len=30))
+
+    text = render_metrics(None, "m", histograms)
+    buckets: dict[str, dict[str, float]] = {}
+    for line in text.splitlines():
+        match = BUCKET.match(line)
+        if match:
+            buckets.setdefault(match["name"], {})[match["le"]] = float(match["n"])
+
+    ttft = buckets["vlite:time_to_first_token_seconds"]
+    assert (ttft["0.005"], ttft["0.5"], ttft["1.0"], ttft["+Inf"]) == (1, 1, 2, 2)
+    itl = buckets["vlite:inter_token_latency_seconds"]  # gaps of 0.02 s and 0.08 s
+    assert (itl["0.01"], itl["0.025"], itl["0.1"]) == (0, 1, 2)
+    queue = buckets["vlite:request_queue_time_seconds"]  # 0.5 s and 0 s
+    assert (queue["0.3"], queue["0.5"]) == (1, 2)
+    prompts = buckets["vlite:request_prompt_tokens"]
+    assert (prompts["5.0"], prompts["10.0"], prompts["50.0"]) == (0, 1, 2)
+    generated = buckets["vlite:request_generation_tokens"]
+    assert (generated["1.0"], generated["2.0"], generated["5.0"]) == (1, 1, 2)
+
+
+def test_token_count_buckets_go_1_2_5_up_to_the_context():
+    assert one_two_five_buckets(100) == [1, 2, 5, 10, 20, 50, 100]
+    assert one_two_five_buckets(2048) == [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000]

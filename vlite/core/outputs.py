@@ -104,6 +104,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     num_cached_tokens: int = 0
     #: One entry per new token, when the request asked for ``logprobs``.
     new_logprobs: list[SampledLogprobs] | None = None
+    #: On a request's last output: when it was first scheduled (``time.monotonic()``).
+    first_scheduled_time: float | None = None
 
     @property
     def is_finished(self) -> bool:
@@ -169,17 +171,45 @@ class CompletionOutput:
 
 @dataclass
 class RequestMetrics:
-    """Timestamps (``time.monotonic()``) of a request's milestones."""
+    """Timestamps (``time.monotonic()``) of a request's milestones, and the gaps between
+    its outputs: what ``/metrics``' latency histograms are made of."""
 
     arrival_time: float
+    first_scheduled_time: float | None = None
     first_token_time: float | None = None
+    last_token_time: float | None = None
     finished_time: float | None = None
+    #: Seconds between consecutive outputs that brought tokens, after the first.
+    inter_token_latencies: list[float] = field(default_factory=list)
+    num_generation_tokens: int = 0
 
     @property
     def time_to_first_token(self) -> float | None:
         if self.first_token_time is None:
             return None
         return self.first_token_time - self.arrival_time
+
+    @property
+    def queue_time(self) -> float | None:
+        """Seconds from arrival until the engine core first scheduled the request."""
+        if self.first_scheduled_time is None:
+            return None
+        return max(0.0, self.first_scheduled_time - self.arrival_time)
+
+    @property
+    def e2e_latency(self) -> float | None:
+        if self.finished_time is None:
+            return None
+        return self.finished_time - self.arrival_time
+
+    def record_tokens(self, now: float, num_tokens: int) -> None:
+        """An output with ``num_tokens`` new tokens arrived at ``now``."""
+        self.num_generation_tokens += num_tokens
+        if self.first_token_time is None:
+            self.first_token_time = now
+        elif self.last_token_time is not None:
+            self.inter_token_latencies.append(now - self.last_token_time)
+        self.last_token_time = now
 
 
 @dataclass

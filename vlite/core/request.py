@@ -76,6 +76,8 @@ class Request:
         self.arrival_time = core_request.arrival_time
         self.priority = core_request.priority
         self.arrival_index = 0
+        #: ``time.monotonic()`` when first admitted to the running batch (queue time).
+        self.first_scheduled_time: float | None = None
         self.status = RequestStatus.WAITING
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(self.prompt_token_ids)

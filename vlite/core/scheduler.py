@@ -21,6 +21,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
+import time
 import warnings
 from dataclasses import dataclass
 
@@ -404,6 +405,8 @@ class Scheduler:
         self, request: Request, block_ids: list[int], num_cached: int, step: _StepPlan
     ) -> None:
         is_resumed = request.status is RequestStatus.PREEMPTED
+        if request.first_scheduled_time is None:
+            request.first_scheduled_time = time.monotonic()
         request.status = RequestStatus.RUNNING
         request.num_computed_tokens = num_cached
         request.num_cached_tokens = max(request.num_cached_tokens, num_cached)
@@ -453,6 +456,7 @@ class Scheduler:
                     request.stop_reason,
                     request.num_cached_tokens,
                     new_logprobs[: len(new_token_ids)] if new_logprobs else None,
+                    request.first_scheduled_time if request.is_finished else None,
                 )
             )
             if request.is_finished:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -73,6 +73,7 @@ class AsyncLLM:
         self._output_handler: asyncio.Task | None = None
         self._handler_error: EngineDeadError | None = None
         self._request_counter = itertools.count()
+        self._finished_observers: list[Callable[[RequestOutput], None]] = []
         # Start the core first: it loads the model while this process loads the tokenizer.
         self.engine_core = AsyncMPClient(config, engine_core_factory)
         try:
@@ -262,12 +263,21 @@ class AsyncLLM:
             self._handler_error = EngineDeadError(f"the output handler failed: {exc!r}")
             self._fail_all(self._handler_error)
 
+    def add_finished_request_observer(self, observer: Callable[[RequestOutput], None]) -> None:
+        """Call ``observer(output)`` with the last output of every request that finishes
+        (stopped or length-capped, not aborted), whose ``metrics`` hold its timings; it
+        runs on the event loop and must be quick (``/metrics``' histograms use it)."""
+        self._finished_observers.append(observer)
+
     def _process_outputs(self, outputs: list[EngineCoreOutput]) -> None:
         processed = self.output_processor.process_outputs(outputs)
         for output in processed.request_outputs:
             collector = self._collectors.get(output.request_id)
             if collector is not None:
                 collector.put(output)
+            if output.finished:
+                for observer in self._finished_observers:
+                    observer(output)
         if processed.request_ids_to_stop:  # stop strings: finish them in the core too
             self.engine_core.finish_requests(
                 processed.request_ids_to_stop, RequestStatus.FINISHED_STOPPED

@@ -46,7 +46,7 @@ from vlite.engine.core_messages import (
     handshake_decoder,
     output_decoder,
 )
-from vlite.engine.engine_core_proc import EngineCoreFactory, run_engine_core
+from vlite.engine.engine_core_proc import IPC_DIR_PREFIX, EngineCoreFactory, run_engine_core
 from vlite.engine.exceptions import EngineDeadError, EngineStartupError
 
 #: Seconds a process that was asked to shut down gets before it is terminated, then killed.
@@ -64,7 +64,7 @@ class CoreProcess:
     def __init__(
         self, config: VliteConfig, engine_core_factory: EngineCoreFactory | None = None
     ) -> None:
-        self.ipc_dir = Path(tempfile.mkdtemp(prefix="vlite-ipc-"))
+        self.ipc_dir = Path(tempfile.mkdtemp(prefix=IPC_DIR_PREFIX))
         self.input_address = f"ipc://{self.ipc_dir / 'input.sock'}"
         self.output_address = f"ipc://{self.ipc_dir / 'output.sock'}"
         context = multiprocessing.get_context("spawn")

@@ -19,10 +19,12 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import queue
+import shutil
 import signal
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import zmq
@@ -51,6 +53,8 @@ from vlite.engine.core_messages import (
 )
 from vlite.models.spec import ModelSpec
 
+#: The name prefix of the temporary directory holding a front end's IPC sockets.
+IPC_DIR_PREFIX = "vlite-ipc-"
 logger = logging.getLogger(__name__)
 
 #: Builds the EngineCore in the child from the config and the resolved model; must be
@@ -274,6 +278,17 @@ def run_engine_core(
         proc.run_busy_loop()
     except Exception:
         sys.exit(1)  # already reported to the front end and logged
+    finally:
+        _remove_ipc_files_if_orphaned(input_address)
+
+
+def _remove_ipc_files_if_orphaned(address: str) -> None:
+    """The front end removes its IPC directory when it stops; if it died instead (SIGKILL),
+    the core removes it on its way out, so nothing is left in the temporary directory."""
+    parent = multiprocessing.parent_process()
+    folder = Path(address.removeprefix("ipc://")).parent
+    if parent is not None and not parent.is_alive() and folder.name.startswith(IPC_DIR_PREFIX):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _exit_on_signal(signum: int, frame: Any) -> None:

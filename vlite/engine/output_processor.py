@@ -192,8 +192,10 @@ class OutputProcessor:
     ) -> tuple[str | None, int | str | None]:
         """Take in a step's news; return the finish and stop reasons (a stop string's too)."""
         finish_reason, stop_reason = output.finish_reason, output.stop_reason
-        if state.metrics.first_token_time is None and output.new_token_ids:
-            state.metrics.first_token_time = now
+        if output.new_token_ids:
+            state.metrics.record_tokens(now, len(output.new_token_ids))
+        if output.first_scheduled_time is not None:
+            state.metrics.first_scheduled_time = output.first_scheduled_time
         state.token_ids += output.new_token_ids
         state.num_cached_tokens = output.num_cached_tokens
         if state.logprobs is not None and output.new_logprobs:

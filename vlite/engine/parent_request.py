@@ -76,13 +76,16 @@ class ParentRequest:
             self.completions[completion.index] = completion
         if completion.finished:
             self.unfinished.discard(completion.index)
-        first = child_metrics.first_token_time
-        if first is not None and (
-            self.metrics.first_token_time is None or first < self.metrics.first_token_time
-        ):
-            self.metrics.first_token_time = first
+        metrics, child = self.metrics, child_metrics
+        metrics.first_token_time = _earliest(metrics.first_token_time, child.first_token_time)
+        if completion.finished:  # the sample's timings are complete
+            metrics.first_scheduled_time = _earliest(
+                metrics.first_scheduled_time, child.first_scheduled_time
+            )
+            metrics.inter_token_latencies += child.inter_token_latencies
+            metrics.num_generation_tokens += child.num_generation_tokens
         if self.is_finished:
-            self.metrics.finished_time = child_metrics.finished_time
+            metrics.finished_time = child.finished_time
         # Samples after the first usually hit the prefix cache the first one filled.
         self.num_cached_tokens = max(self.num_cached_tokens, num_cached_tokens)
 
@@ -108,3 +111,7 @@ class ParentRequest:
             num_cached_tokens=self.num_cached_tokens,
             metrics=self.metrics,
         )
+
+
+def _earliest(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)

@@ -28,7 +28,7 @@ from vlite.server.errors import OpenAIError, install_error_handlers
 from vlite.server.guards import ApiKeyGuard, ASGIApp, Drain, DrainGuard, RequestSizeGuard
 from vlite.server.http_protocol import protocol_with_header_timeout
 from vlite.server.metrics import CONTENT_TYPE as METRICS_TYPE
-from vlite.server.metrics import render_metrics
+from vlite.server.metrics import RequestHistograms, render_metrics
 from vlite.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from vlite.server.serving_chat import ChatServing
 from vlite.server.serving_completions import CompletionServing
@@ -115,10 +115,17 @@ def build_app(
         card = ModelCard(id=served_model_name, max_model_len=engine.max_model_len)
         return JSONResponse(ModelList(data=[card]).model_dump())
 
+    histograms = RequestHistograms(served_model_name, engine.max_model_len)
+    engine.add_finished_request_observer(histograms.observe)
+
     @app.get("/metrics")
     async def metrics() -> Response:
-        stats = await engine.get_stats()
-        return Response(render_metrics(stats, served_model_name), media_type=METRICS_TYPE)
+        try:
+            stats = await engine.get_stats()
+        except EngineDeadError:
+            stats = None
+        text = render_metrics(stats, served_model_name, histograms)
+        return Response(text, media_type=METRICS_TYPE)
 
     @app.post("/v1/completions")
     async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:

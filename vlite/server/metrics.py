@@ -1,21 +1,28 @@
-"""``GET /metrics``: the engine's state and counters, rendered by ``prometheus_client``.
+"""``GET /metrics``: the engine's state, counters and request latencies, rendered by
+``prometheus_client``.
 
-Nothing is listed here: every field of the engine core's statistics that carries a
-:class:`~vlite.core.stats.Metric` (:class:`~vlite.engine.core_messages.EngineCoreStats`
-and its :class:`~vlite.core.stats.StepTotals`) becomes one metric. Names are vLLM's under
-the ``vlite:`` prefix, so dashboards built for one read the other; every sample carries a
-``model_name`` label. Gauges are read from the engine core when scraped (one
-:class:`~vlite.engine.core_messages.GetStats` round trip); counters are sums over the steps
-the core has run since it started.
+Three sources, all with vLLM's names under the ``vlite:`` prefix (so dashboards built for
+one read the other) and a ``model_name`` label on every sample:
+
+- the engine core's statistics: every field that carries a
+  :class:`~vlite.core.stats.Metric` (:class:`~vlite.engine.core_messages.EngineCoreStats`
+  and its :class:`~vlite.core.stats.StepTotals`) becomes one metric; gauges are read when
+  scraped (one :class:`~vlite.engine.core_messages.GetStats` round trip), counters are sums
+  over the steps the core has run since it started;
+- :class:`RequestHistograms`: time to first token, inter-token latency, end-to-end latency,
+  queue time, prompt and generation lengths of finished requests (vLLM's buckets);
+- ``vlite:engine_healthy``: 1, or 0 once the engine is dead (then the core's statistics
+  are missing, and the answer is still a valid exposition).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from vlite.core.outputs import RequestOutput
 from vlite.core.stats import metric_values
 from vlite.engine.core_messages import EngineCoreStats
 
@@ -25,24 +32,128 @@ PREFIX = "vlite:"
 _FAMILIES = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily}
 
 
-class _StatsCollector:
-    """A one-scrape ``prometheus_client`` collector over an :class:`EngineCoreStats`."""
+#: vLLM's buckets for each latency histogram, in seconds.
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+ITL_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0,
+)  # fmt: skip
+REQUEST_LATENCY_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+    240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
 
-    def __init__(self, stats: EngineCoreStats, model_name: str) -> None:
+
+def one_two_five_buckets(largest: int) -> list[int]:
+    """1, 2, 5, 10, 20, 50, ... up to ``largest`` (vLLM's buckets for token counts)."""
+    buckets, scale = [], 1
+    while True:
+        for step in (1, 2, 5):
+            if step * scale > largest:
+                return buckets
+            buckets.append(step * scale)
+        scale *= 10
+
+
+class RequestHistograms:
+    """Latency and length histograms of finished requests (one server, one model).
+
+    Feed it with :meth:`observe` (an ``AsyncLLM`` finished-request observer).
+    """
+
+    def __init__(self, model_name: str, max_model_len: int) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        lengths = one_two_five_buckets(max_model_len)
+
+        def histogram(name: str, documentation: str, buckets) -> Histogram:
+            metric = Histogram(
+                PREFIX + name,
+                documentation,
+                ["model_name"],
+                buckets=buckets,
+                registry=self.registry,
+            )
+            return metric.labels(model_name)
+
+        self.ttft = histogram("time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS)
+        self.itl = histogram(
+            "inter_token_latency_seconds", "Time between consecutive outputs.", ITL_BUCKETS
+        )
+        self.e2e = histogram(
+            "e2e_request_latency_seconds", "Request latency, arrival to finish.",
+            REQUEST_LATENCY_BUCKETS,
+        )  # fmt: skip
+        self.queue = histogram(
+            "request_queue_time_seconds", "Time from arrival to first being scheduled.",
+            REQUEST_LATENCY_BUCKETS,
+        )  # fmt: skip
+        self.prompt_tokens = histogram(
+            "request_prompt_tokens", "Prompt tokens of finished requests.", lengths
+        )
+        self.generation_tokens = histogram(
+            "request_generation_tokens", "Generated tokens of finished requests.", lengths
+        )
+
+    def observe(self, output: RequestOutput) -> None:
+        """Take in a finished request's timings and lengths."""
+        metrics = output.metrics
+        if metrics is None:
+            return
+        for histogram, value in (
+            (self.ttft, metrics.time_to_first_token),
+            (self.e2e, metrics.e2e_latency),
+            (self.queue, metrics.queue_time),
+        ):
+            if value is not None:
+                histogram.observe(value)
+        for gap in metrics.inter_token_latencies:
+            self.itl.observe(gap)
+        self.prompt_tokens.observe(len(output.prompt_token_ids))
+        self.generation_tokens.observe(metrics.num_generation_tokens)
+
+
+class _ScrapeCollector:
+    """One scrape: the engine core's statistics (if it answered), its health, and the
+    request histograms."""
+
+    def __init__(
+        self,
+        stats: EngineCoreStats | None,
+        model_name: str,
+        histograms: RequestHistograms | None,
+    ) -> None:
         self.stats = stats
         self.model_name = model_name
+        self.histograms = histograms
 
     def collect(self) -> Iterator[Metric]:
-        for metric, value in metric_values(self.stats):
-            family = _FAMILIES[metric.kind](
-                PREFIX + metric.name, metric.documentation, labels=["model_name"]
-            )
-            family.add_metric([self.model_name], value)
-            yield family
+        healthy = GaugeMetricFamily(
+            PREFIX + "engine_healthy",
+            "1 while the engine core serves, 0 once it is dead.",
+            labels=["model_name"],
+        )
+        healthy.add_metric([self.model_name], 0 if self.stats is None else 1)
+        yield healthy
+        if self.stats is not None:
+            for metric, value in metric_values(self.stats):
+                family = _FAMILIES[metric.kind](
+                    PREFIX + metric.name, metric.documentation, labels=["model_name"]
+                )
+                family.add_metric([self.model_name], value)
+                yield family
+        if self.histograms is not None:
+            yield from self.histograms.registry.collect()
 
 
-def render_metrics(stats: EngineCoreStats, model_name: str) -> str:
-    """The exposition text for one scrape."""
+def render_metrics(
+    stats: EngineCoreStats | None,
+    model_name: str,
+    histograms: RequestHistograms | None = None,
+) -> str:
+    """The exposition text for one scrape (``stats=None``: the engine is dead)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_StatsCollector(stats, model_name))
+    registry.register(_ScrapeCollector(stats, model_name, histograms))
     return generate_latest(registry).decode()
