@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+from vlite.core.errors import VliteError
 
-class EngineStartupError(RuntimeError):
+
+class EngineStartupError(VliteError, RuntimeError):
     """The engine-core process failed to start; the message holds its error."""
 
 
-class EngineDeadError(RuntimeError):
+class EngineDeadError(VliteError, RuntimeError):
     """The engine-core process is gone: no request in flight or to come can proceed.
 
     Build a new engine to continue.
     """
 
 
-class EngineGenerateError(RuntimeError):
+class EngineGenerateError(VliteError, RuntimeError):
     """The engine core failed while running this request (e.g. a step raised).
 
     The engine itself may still serve other requests.

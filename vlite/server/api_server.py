@@ -141,6 +141,7 @@ def build_app(
     guarded = RequestSizeGuard(
         guarded,
         max_headers=settings.max_headers,
+        max_header_bytes=settings.max_header_bytes,
         max_body_bytes=settings.max_request_bytes,
         body_timeout_s=settings.body_timeout_s,
     )
@@ -274,11 +275,11 @@ class ApiServer:
 
     async def _drain_and_stop(self) -> None:
         timeout_s = self.settings.shutdown_timeout_s
-        logger.info("shutting down: refusing new requests, %.0f s for running ones", timeout_s)
+        logger.info("shutting down: refusing new requests, %g s for running ones", timeout_s)
         self.drain.draining = True
         if not await self.drain.wait_idle(timeout_s):
             logger.warning(
-                "%d requests still running after %.0f s: ending them",
+                "%d requests still running after %g s: ending them",
                 self.drain.num_in_flight,
                 timeout_s,
             )

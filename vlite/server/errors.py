@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from vlite.core.errors import InvalidRequestError
+from vlite.core.errors import InvalidRequestError, VliteError
 from vlite.core.sampling_params import SamplingParamsError
 from vlite.engine.exceptions import EngineDeadError, EngineGenerateError
 from vlite.server.protocol import ErrorInfo, ErrorResponse
@@ -119,6 +119,12 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
         return _validation_error(exc).to_json_response()
+
+    @app.exception_handler(VliteError)
+    async def _vlite_error(request: Request, exc: VliteError) -> JSONResponse:
+        # vlite's own errors (an invalid request found while preparing it, the engine
+        # gone): answered here, not by the catch-all below, which also re-raises.
+        return from_exception(exc).to_json_response()
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -5,9 +5,10 @@ answers in OpenAI's error shape, and passes everything else through untouched:
 
 - :class:`ApiKeyGuard`: ``Authorization: Bearer <key>`` on every route but the open ones
   (401), compared in constant time.
-- :class:`RequestSizeGuard`: too many header fields (431), a body larger than the limit
-  (413, before it is read when ``Content-Length`` says so), a client that stalls while
-  sending its body (408).
+- :class:`RequestSizeGuard`: too many or too large header fields (431; uvicorn's h11
+  limit alone lets a header block through when it arrives in one piece), a body larger
+  than the limit (413, before it is read when ``Content-Length`` says so), a client that
+  stalls while sending its body (408).
 - :class:`DrainGuard`: while the server drains for shutdown (:class:`Drain`), new requests
   get 503 with ``Retry-After``; it counts the requests in flight so the drain knows when
   they are done.
@@ -69,11 +70,16 @@ class ApiKeyGuard:
         return matched
 
 
-class _BodyTooLarge(Exception):
+class _BodyError(BaseException):
+    """Raised from ``receive`` and caught by :class:`RequestSizeGuard`. A BaseException,
+    because the framework turns any Exception while reading a body into its own 400."""
+
+
+class _BodyTooLarge(_BodyError):
     pass
 
 
-class _BodyStalled(Exception):
+class _BodyStalled(_BodyError):
     pass
 
 
@@ -81,10 +87,17 @@ class RequestSizeGuard:
     """Limit the header count, the body size and the pauses while a body is sent."""
 
     def __init__(
-        self, app: ASGIApp, *, max_headers: int, max_body_bytes: int, body_timeout_s: float
+        self,
+        app: ASGIApp,
+        *,
+        max_headers: int,
+        max_header_bytes: int,
+        max_body_bytes: int,
+        body_timeout_s: float,
     ) -> None:
         self.app = app
         self.max_headers = max_headers
+        self.max_header_bytes = max_header_bytes
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
 
@@ -92,12 +105,9 @@ class RequestSizeGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if len(scope["headers"]) > self.max_headers:
-            error = OpenAIError(
-                f"the request has {len(scope['headers'])} header fields; at most "
-                f"{self.max_headers} are allowed",
-                HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE,
-            )
+        problem = self._header_problem(scope["headers"])
+        if problem is not None:
+            error = OpenAIError(problem, HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE)
             await _refuse(error, scope, receive, send, Connection="close")
             return
         declared = _content_length(scope)
@@ -113,7 +123,7 @@ class RequestSizeGuard:
 
         try:
             await self.app(scope, self._limited(receive), tracking_send)
-        except (_BodyTooLarge, _BodyStalled) as exc:
+        except _BodyError as exc:
             if started:
                 raise
             error = (
@@ -125,6 +135,14 @@ class RequestSizeGuard:
                 )
             )
             await _refuse(error, scope, receive, send, Connection="close")
+
+    def _header_problem(self, headers: list[tuple[bytes, bytes]]) -> str | None:
+        if len(headers) > self.max_headers:
+            return f"the request has {len(headers)} header fields; at most {self.max_headers}"
+        size = sum(len(name) + len(value) for name, value in headers)
+        if size > self.max_header_bytes:
+            return f"the request's headers take {size} bytes; at most {self.max_header_bytes}"
+        return None
 
     def _limited(self, receive: Receive) -> Receive:
         """``receive`` that counts body bytes and times out pauses until the body ends."""

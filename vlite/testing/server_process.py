@@ -1,0 +1,128 @@
+"""``vlite serve`` in a child process, for tests and benchmarks that need the real thing:
+signals, killed processes, leftover files.
+
+:class:`ServerProcess` starts the server on a free port in its own session (so a test can
+signal it alone), waits until it is ready, records the engine core's pid and the IPC
+directory the server created, and keeps everything the server wrote to stderr.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+#: How long a server gets to load a tiny model and start.
+READY_TIMEOUT_S = 120.0
+
+
+def ipc_dirs() -> set[Path]:
+    """Every front end's IPC directory in the temporary directory."""
+    return set(Path(tempfile.gettempdir()).glob("vlite-ipc-*"))
+
+
+def pid_is_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+class ServerProcess:
+    """A ``vlite serve`` child process, ready to take requests.
+
+    Args:
+        model: the model folder.
+        args: more ``vlite serve`` flags.
+        env: extra environment variables.
+
+    Attributes:
+        address: ``http://127.0.0.1:PORT``.
+        core_pid: the engine-core process.
+        ipc_dir: the IPC directory this server created.
+        log: the lines the server wrote to stderr so far.
+    """
+
+    def __init__(self, model: str, *args: str, env: dict[str, str] | None = None) -> None:
+        command = [sys.executable, "-m", "vlite", "serve", "--model", str(model)]
+        command += ["--port", "0", "--log-level", "warning", *args]
+        before = ipc_dirs()
+        self.process = subprocess.Popen(
+            command,
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+        self.log: list[str] = []
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read_stderr, daemon=True).start()
+        try:
+            self.core_pid = int(self.wait_for_line(r"engine core: pid (\d+)").group(1))
+            self.address = self.wait_for_line(r" at (http://[\d.]+:\d+)").group(1)
+        except BaseException:
+            self.kill()
+            raise
+        created = ipc_dirs() - before
+        self.ipc_dir = created.pop() if len(created) == 1 else None
+
+    def _read_stderr(self) -> None:
+        for line in self.process.stderr:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def wait_for_line(self, pattern: str, timeout_s: float = READY_TIMEOUT_S) -> re.Match:
+        """The first new stderr line matching ``pattern`` (the server exiting first fails)."""
+        while True:
+            try:
+                line = self._lines.get(timeout=timeout_s)
+            except queue.Empty:
+                raise TimeoutError(f"no line matching {pattern!r}:\n{self.log_text}") from None
+            if line is None:
+                raise RuntimeError(f"vlite serve exited before {pattern!r}:\n{self.log_text}")
+            self.log.append(line)
+            if match := re.search(pattern, line):
+                return match
+
+    @property
+    def log_text(self) -> str:
+        while True:  # take in what arrived since
+            try:
+                line = self._lines.get_nowait()
+            except queue.Empty:
+                break
+            if line is None:
+                self._lines.put(None)
+                break
+            self.log.append(line)
+        return "".join(self.log)
+
+    def signal(self, signum: int = signal.SIGTERM) -> None:
+        self.process.send_signal(signum)
+
+    def wait(self, timeout_s: float = 60.0) -> int:
+        """The server's exit status, once it has exited."""
+        return self.process.wait(timeout=timeout_s)
+
+    def kill(self) -> None:
+        """End the server and everything it started, whatever state they are in."""
+        for pid in (self.process.pid, getattr(self, "core_pid", None)):
+            if pid is None or not pid_is_alive(pid):
+                continue
+            try:
+                group = os.getpgid(pid)
+                if group != os.getpgid(0):  # never the caller's own group
+                    os.killpg(group, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=30)
