@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -165,6 +166,25 @@ def test_a_dead_engine_core_fails_requests_and_stops_the_server_with_status_1(st
     assert "engine core died" in server.log_text
     assert failed_within_s < 30
     assert_nothing_left(server)
+
+
+def child_pids(pid: int) -> list[int]:
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [int(child) for child in children]
+
+
+def test_a_killed_worker_stops_the_engine_and_the_server_with_status_1(start_server):
+    server = start_server("--executor", "multiproc", "--tp", "2")
+    workers = child_pids(server.core_pid)
+    assert len(workers) >= 2, workers
+    streams = start_streams(server, 2)
+    os.kill(workers[-1], signal.SIGKILL)
+    for stream in streams:
+        stream.join()
+        assert stream.got_error_event or stream.error is not None
+    assert server.wait(TIMEOUT_S) == 1, server.log_text
+    assert_nothing_left(server)
+    assert not any(pid_is_alive(worker) for worker in workers), "a worker outlived the core"
 
 
 def test_a_killed_front_end_takes_its_engine_core_and_ipc_files_with_it(start_server):

@@ -8,6 +8,8 @@
   It is also a ``ValueError``, so code that caught ``ValueError`` keeps working.
 - :class:`PluginError`: a plugin failed to load, registered something invalid, or answered
   the engine with something its interface does not allow; the message names the plugin.
+- :class:`ExecutorFailedError`: the executor can never run another step (a worker process
+  died or is unusable); the engine core stops instead of failing every later step.
 """
 
 from __future__ import annotations
@@ -23,3 +25,7 @@ class InvalidRequestError(VliteError, ValueError):
 
 class PluginError(VliteError, RuntimeError):
     """A plugin failed to load, registered something invalid, or broke its interface."""
+
+
+class ExecutorFailedError(VliteError, RuntimeError):
+    """The executor can run no more steps (its workers are gone); raised by executors."""

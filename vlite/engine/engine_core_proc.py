@@ -31,7 +31,7 @@ import zmq
 
 from vlite.core.config import VliteConfig
 from vlite.core.engine_core import EngineCore
-from vlite.core.errors import InvalidRequestError
+from vlite.core.errors import ExecutorFailedError, InvalidRequestError
 from vlite.core.request import RequestStatus
 from vlite.engine.core_messages import (
     AddRequest,
@@ -159,6 +159,9 @@ class EngineCoreProc:
     def _step(self) -> None:
         try:
             outputs = self.engine_core.step()
+        except ExecutorFailedError as exc:  # no later step can run: stop serving
+            self._fail_unfinished_requests(exc)
+            raise
         except Exception as exc:
             self._fail_unfinished_requests(exc)
             return

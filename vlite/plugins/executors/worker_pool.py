@@ -29,6 +29,7 @@ from typing import NoReturn
 import msgspec
 
 from vlite.core.config import VliteConfig
+from vlite.core.errors import ExecutorFailedError
 from vlite.core.outputs import ModelRunnerOutput
 from vlite.distributed import file_init_method
 from vlite.worker.cpu_threads import resolve_cpu_threads, thread_environment
@@ -51,8 +52,9 @@ SHUTDOWN_GRACE_S = 5.0
 FAILURE_GRACE_S = 0.5
 
 
-class WorkerProcessError(RuntimeError):
-    """A worker process raised, exited or closed its connection."""
+class WorkerProcessError(ExecutorFailedError):
+    """A worker process raised, exited or closed its connection; the pool is unusable
+    from then on."""
 
 
 def threads_per_worker(world_size: int, cpu_threads: int | None = None) -> int:
