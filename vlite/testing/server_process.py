@@ -40,7 +40,7 @@ class ServerProcess:
     """A ``vlite serve`` child process, ready to take requests.
 
     Args:
-        model: the model folder.
+        model: the model folder (``None``: vlite's default model).
         args: more ``vlite serve`` flags.
         env: extra environment variables.
 
@@ -51,8 +51,12 @@ class ServerProcess:
         log: the lines the server wrote to stderr so far.
     """
 
-    def __init__(self, model: str, *args: str, env: dict[str, str] | None = None) -> None:
-        command = [sys.executable, "-m", "vlite", "serve", "--model", str(model)]
+    def __init__(
+        self, model: str | None, *args: str, env: dict[str, str] | None = None
+    ) -> None:
+        command = [sys.executable, "-m", "vlite", "serve"]
+        if model is not None:
+            command += ["--model", str(model)]
         command += ["--port", "0", "--log-level", "warning", *args]
         before = ipc_dirs()
         self.process = subprocess.Popen(
