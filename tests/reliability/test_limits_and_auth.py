@@ -10,6 +10,8 @@ import httpx
 import pytest
 from conftest import API_KEYS
 
+from vlite.testing.server_process import ServerProcess
+
 TIMEOUT_S = 30
 CONTEXT = 128  # the shared server's --max-model-len
 
@@ -81,11 +83,25 @@ def test_a_prompt_filling_the_context_is_a_400_not_a_truncated_answer(server, au
     assert "maximum context length is 128" in response.json()["error"]["message"]
 
 
-def test_a_request_that_could_never_fit_the_kv_cache_is_refused(server, auth):
-    # 64 blocks of 16 = 1,024 slots: n=8 samples of 127 tokens could fit the context but not
-    # the cache at once; each sample alone fits, so this one runs, and a 2-token one too.
-    response = post(server, "/v1/completions", {"prompt": "Hi", "max_tokens": 2, "n": 8}, auth)
+def test_samples_that_fill_the_cache_together_still_run(server, auth):
+    # 64 blocks of 16 = 1,024 slots: 8 samples of up to 128 tokens fill it; each fits alone.
+    body = {"prompt": list(range(10, 100)), "max_tokens": 38, "n": 8, "ignore_eos": True}
+    response = post(server, "/v1/completions", body, auth)
     assert response.status_code == 200, response.text
+    assert [len(c["text"]) > 0 for c in response.json()["choices"]] == [True] * 8
+
+
+def test_a_request_that_could_never_fit_the_kv_cache_is_refused_at_once(tiny_model):
+    server = ServerProcess(tiny_model, "--num-kv-blocks", "4", "--cpu-threads", "1")
+    try:
+        body = {"prompt": "Hello", "max_tokens": 100}  # needs 7 blocks of 16; there are 4
+        response = post(server, "/v1/completions", body)
+        assert response.status_code == 400
+        assert "KV-cache blocks" in response.json()["error"]["message"]
+        fits = post(server, "/v1/completions", {"prompt": "Hello", "max_tokens": 20})
+        assert fits.status_code == 200
+    finally:
+        server.kill()
 
 
 # ---- big bodies -----------------------------------------------------------------------
