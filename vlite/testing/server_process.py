@@ -51,9 +51,7 @@ class ServerProcess:
         log: the lines the server wrote to stderr so far.
     """
 
-    def __init__(
-        self, model: str | None, *args: str, env: dict[str, str] | None = None
-    ) -> None:
+    def __init__(self, model: str | None, *args: str, env: dict[str, str] | None = None) -> None:
         command = [sys.executable, "-m", "vlite", "serve"]
         if model is not None:
             command += ["--model", str(model)]
