@@ -130,12 +130,10 @@ def test_after_the_shutdown_timeout_each_stream_ends_with_an_error_event(start_s
     server.signal(signal.SIGTERM)
     for stream in streams:
         stream.join()
-        # Streaming: an error event, then [DONE]. Still waiting for its first token (the
-        # response not started): a 503.
-        assert (stream.ended_cleanly and stream.got_error_event) or (
-            stream.refused and stream.status == 503
-        ), stream.events[-3:]
-    assert any(stream.ended_cleanly for stream in streams)
+        # Finished before the signal, or streaming: an error event, then [DONE]. Still
+        # waiting for its first token (the response not started): a 503.
+        assert stream.ended_cleanly or (stream.refused and stream.status == 503), stream.events[-3:]
+    assert any(stream.got_error_event for stream in streams), "no stream was cut"
     assert server.wait(TIMEOUT_S) == 0, server.log_text
     assert_nothing_left(server)
 
