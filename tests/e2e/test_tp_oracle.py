@@ -34,6 +34,7 @@ MODELS = {
             "mlp_bias": True,
         },
     ),
+    "smollm3-gqa-tied": ("SmolLM3ForCausalLM", {"num_kv_heads": 2, "tie_word_embeddings": True}),
 }
 
 

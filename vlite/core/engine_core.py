@@ -48,6 +48,17 @@ def _check_prefix_caching(
         )
 
 
+def _check_architecture(registry: PluginRegistry, architecture: str) -> None:
+    """Refuse, before any worker loads weights, a model no plugin implements."""
+    supported = registry.names("model")
+    if architecture not in supported:
+        raise ValueError(
+            f"model architecture {architecture!r} (config.json 'architectures') is not "
+            f"supported; supported: {', '.join(supported)}. A plugin can add it with the "
+            "register_models hook (see docs/models.md)"
+        )
+
+
 class EngineCore:
     """Schedules, executes and samples, one step at a time.
 
@@ -71,6 +82,7 @@ class EngineCore:
         self.sampler_cls = self.registry.get("sampler", config.sampler)
         self.registry.get("attention_backend", config.attention_backend)  # a known name
         self.model_spec = model_spec
+        _check_architecture(self.registry, model_spec.architecture)
         max_model_len = self.model_spec.max_model_len
         limits = resolve_limits(
             scheduler_cls,

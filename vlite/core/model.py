@@ -18,6 +18,12 @@ class ModelDescription(Protocol):
     """
 
     @property
+    def architecture(self) -> str:
+        """The architecture name (``config.json``'s first ``architectures`` entry), which
+        names the model class registered with ``register_models``."""
+        ...
+
+    @property
     def max_model_len(self) -> int:
         """The context length requests must fit in."""
         ...

@@ -154,6 +154,9 @@ class LlamaAttention(nn.Module):
         # in several places is moved/cast once by .to()).
         self.attention = attention
         self.rotary_emb = rotary
+        #: ``False``: positions are not rotated into this layer's queries and keys (a NoPE
+        #: layer, as SmolLM3's every fourth).
+        self.use_rope = True
 
     def forward(
         self,
@@ -171,7 +174,12 @@ class LlamaAttention(nn.Module):
             q, k, _ = qkv.split([self.q_size, self.kv_size, self.kv_size], -1)
             q = self.q_norm(q.view(num_tokens, self.num_heads, self.head_dim))
             k = self.k_norm(k.reshape(num_tokens, self.num_kv_heads, self.head_dim))
-            q, k = rotation.rotate(q), rotation.rotate(k)
+            if self.use_rope:
+                q, k = rotation.rotate(q), rotation.rotate(k)
+        elif not self.use_rope:
+            q = qkv[:, : self.q_size].view(num_tokens, self.num_heads, self.head_dim)
+            k = qkv[:, self.q_size : self.q_size + self.kv_size]
+            k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         else:
             # Queries and keys are adjacent in qkv: one rotation for both.
             num_qk_heads = self.num_heads + self.num_kv_heads

@@ -17,6 +17,7 @@ ARCHITECTURES = (
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
+    "SmolLM3ForCausalLM",
 )
 
 BOS_TOKEN = "<s>"
@@ -105,6 +106,9 @@ def make_tiny_config(
         fields["head_dim"] = 32  # deliberately != hidden_size // num_attention_heads
     if architecture == "MistralForCausalLM":
         fields["sliding_window"] = None
+    if architecture == "SmolLM3ForCausalLM":
+        fields["no_rope_layer_interval"] = 2  # the second of two layers has no RoPE
+        fields.update(pad_token_id=0, bos_token_id=1, eos_token_id=2)  # the tiny tokenizer's
     fields.update(
         vocab_size=vocab_size,
         num_key_value_heads=num_kv_heads,
