@@ -411,6 +411,25 @@ def test_quantized_tiny_file_runs_quantized_and_matches_transformers(tmp_path, a
         assert generated == expected[0, len(prompt) :].tolist()
 
 
+def test_quantized_qwen3_rotates_its_normed_queries_with_the_native_kernels(tmp_path):
+    """Qwen3 rotates q and k after their norms (not in place in qkv): on the quantized
+    path that rotation is the C kernel's too, and the tokens equal the float32 path's.
+    (transformers' GGUF loader cannot size this tiny Qwen3's heads, so vlite's float path
+    is the reference here; the Hugging Face folder's oracle covers that path.)"""
+    folder = make_tiny_model(tmp_path / "hf", "Qwen3ForCausalLM", num_kv_heads=2)
+    path = write_tiny_gguf(folder, tmp_path / "tiny-q.gguf", quantize=("Q4_1", "Q8_0"))
+    prompts = [[5, 6, 7, 8, 9], list(range(20, 60)), [100, 3]]
+    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    tokens = {}
+    for quantization in ("auto", "none"):
+        llm = LLM(model=str(path), quantization=quantization, num_kv_blocks=32)
+        model = llm.llm_engine.engine_core.executor.worker.runner.model
+        assert (model.native_ops is not None) == (quantization == "auto")
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        tokens[quantization] = [o.outputs[0].token_ids for o in outputs]
+    assert tokens["auto"] == tokens["none"]
+
+
 # ---- the default model, against transformers' GGUF loader ------------------------------------
 
 PROMPTS = (

@@ -177,6 +177,12 @@ class StepRotation:
 
     def rotate(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` ``[T, heads, head_dim]`` rotated (a new tensor)."""
+        if self.native is not None:  # a copy rotated in place by the C kernel
+            rows = x.reshape(x.shape[0], -1).clone()
+            self.native.rope_(
+                rows, x.shape[1], self.head_dim, self.positions, self.cos_table, self.sin_table
+            )
+            return rows.view_as(x)
         return _rotate(x, self.cos, self.sin)
 
     def rotate_rows_(self, rows: torch.Tensor, num_heads: int) -> bool:
