@@ -262,3 +262,32 @@ def test_build_model_takes_weights_from_any_iterator(tiny_folder):
         build_model(*args, **options)
     unused = iter_safetensors_weights(tiny_folder / "absent")  # never read for dummy weights
     build_model(*args, load_format="dummy", weights=unused, **options)
+
+
+# ---- sliding windows vlite does not implement yet cap the context ----------------------
+
+
+def _with_window(tmp_path, **fields) -> str:
+    folder = make_tiny_model(tmp_path / "windowed", "MistralForCausalLM")
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text())
+    config.update(fields)
+    config_path.write_text(json.dumps(config))
+    return str(folder)
+
+
+def test_a_sliding_window_caps_the_default_context(tmp_path):
+    folder = _with_window(tmp_path, sliding_window=200)
+    assert ModelSpec.from_config(VliteConfig(model=folder)).max_model_len == 200
+
+
+def test_a_context_longer_than_the_window_is_refused_naming_it(tmp_path):
+    folder = _with_window(tmp_path, sliding_window=200)
+    with pytest.raises(ValueError, match="sliding_window=200"):
+        ModelSpec.from_config(VliteConfig(model=folder, max_model_len=300))
+    assert ModelSpec.from_config(VliteConfig(model=folder, max_model_len=150)).max_model_len == 150
+
+
+def test_a_window_the_config_does_not_use_does_not_cap(tmp_path):
+    folder = _with_window(tmp_path, sliding_window=200, use_sliding_window=False)
+    assert ModelSpec.from_config(VliteConfig(model=folder)).max_model_len == 512

@@ -23,9 +23,9 @@ Parameters are created in ``torch.get_default_dtype()`` on the default device:
 afterwards also works (the RoPE cos/sin cache then follows the dtype).
 
 Sliding-window attention is not implemented. Qwen2/Qwen3 configs with
-``use_sliding_window=True`` are rejected. Mistral's ``sliding_window`` is ignored: outputs are
-exact while contexts stay within the window (the window is exposed as
-:attr:`LlamaForCausalLM.sliding_window` so the engine can cap its context length).
+``use_sliding_window=True`` are rejected. With Mistral's ``sliding_window`` the model attends
+over the whole context, which is exact while the context fits the window, so the engine caps
+its context length at the window (:func:`vlite.models.spec.attention_window`).
 """
 
 from __future__ import annotations

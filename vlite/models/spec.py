@@ -248,17 +248,37 @@ def download_from_hub(repo_id: str, load_format: str = "auto") -> Path:
 
 
 def _max_model_len(config: VliteConfig, hf_config: Any) -> int:
+    """The context length: ``config.max_model_len``, or the model's positions, capped by a
+    sliding window vlite does not implement (attending over the whole context is exact
+    only while the context fits the window)."""
     model_limit = getattr(hf_config, "max_position_embeddings", None)
+    window = attention_window(hf_config)
     if config.max_model_len is None:
         if model_limit is None:
             raise ValueError("the model's config has no max_position_embeddings: set max_model_len")
-        return model_limit
+        return min(model_limit, window) if window else model_limit
     if model_limit is not None and config.max_model_len > model_limit:
         raise ValueError(
             f"max_model_len={config.max_model_len} exceeds the model's "
             f"max_position_embeddings={model_limit}"
         )
+    if window and config.max_model_len > window:
+        raise ValueError(
+            f"max_model_len={config.max_model_len} exceeds the model's sliding_window="
+            f"{window}; vlite does not implement sliding-window attention yet, so contexts "
+            f"longer than {window} tokens would not match the model: use max_model_len <= "
+            f"{window}"
+        )
     return config.max_model_len
+
+
+def attention_window(hf_config: Any) -> int | None:
+    """The sliding window the model's attention uses, if any (Mistral's ``sliding_window``;
+    a Qwen-style config applies its window only with ``use_sliding_window``)."""
+    if not getattr(hf_config, "use_sliding_window", True):
+        return None
+    window = getattr(hf_config, "sliding_window", None)
+    return int(window) if window else None
 
 
 def head_dim_of(hf_config: Any) -> int:
