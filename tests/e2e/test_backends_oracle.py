@@ -27,6 +27,7 @@ MODELS = {
     "llama-gqa-tied": ("LlamaForCausalLM", {"num_kv_heads": 2, "tie_word_embeddings": True}),
     "qwen3-mha-untied": ("Qwen3ForCausalLM", {"num_kv_heads": 4, "tie_word_embeddings": False}),
     "smollm3-gqa-tied": ("SmolLM3ForCausalLM", {"num_kv_heads": 2, "tie_word_embeddings": True}),
+    "phi3-gqa-untied": ("Phi3ForCausalLM", {"num_kv_heads": 2, "tie_word_embeddings": False}),
 }
 
 

@@ -35,6 +35,7 @@ MODELS = {
         },
     ),
     "smollm3-gqa-tied": ("SmolLM3ForCausalLM", {"num_kv_heads": 2, "tie_word_embeddings": True}),
+    "phi3-gqa-untied": ("Phi3ForCausalLM", {"num_kv_heads": 2, "tie_word_embeddings": False}),
 }
 
 

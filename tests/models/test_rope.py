@@ -71,7 +71,7 @@ def test_unsupported_rope_type_is_an_error():
     rope = rope_parameters_from_config(
         _config(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0})
     )
-    with pytest.raises(NotImplementedError, match="yarn"):
+    with pytest.raises(ValueError, match="yarn"):
         compute_inv_freq(64, rope)
 
 
@@ -97,3 +97,28 @@ def test_rotation_matches_rotate_half_formula():
 
 def rotary_params():
     return rope_parameters_from_config(_config(rope_parameters=dict(LLAMA3)))
+
+
+def test_partial_rotary_rotates_the_leading_dimensions_and_passes_the_rest():
+    config = _config(rope_parameters={"rope_theta": 1e4, "partial_rotary_factor": 0.5})
+    rotary = RotaryEmbedding.from_config(config, 64)
+    assert rotary.rotary_dim == 32 and rotary.cos_cache.shape[-1] == 16
+    full = RotaryEmbedding.from_config(_config(rope_parameters={"rope_theta": 1e4}), 32)
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(4, 3, 64, generator=gen)
+    k = torch.randn(4, 1, 64, generator=gen)
+    positions = torch.tensor([0, 5, 9, 200])
+
+    q_out, k_out = rotary(positions, q, k)
+    q_lead, k_lead = full(positions, q[..., :32].contiguous(), k[..., :32].contiguous())
+
+    torch.testing.assert_close(q_out[..., :32], q_lead)  # as a 32-dim head with its own freqs
+    torch.testing.assert_close(k_out[..., :32], k_lead)
+    assert torch.equal(q_out[..., 32:], q[..., 32:]) and torch.equal(k_out[..., 32:], k[..., 32:])
+
+
+def test_a_partial_factor_leaving_an_odd_or_empty_rotation_is_refused():
+    for factor in (0.03, 0.5):
+        config = _config(rope_parameters={"rope_theta": 1e4, "partial_rotary_factor": factor})
+        with pytest.raises(ValueError, match="even, non-zero"):
+            RotaryEmbedding.from_config(config, 6 if factor == 0.5 else 16)

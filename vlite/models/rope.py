@@ -1,8 +1,10 @@
 """Rotary position embedding (RoPE), "rotate half" (GPT-NeoX) layout as Llama uses it.
 
-The head dimension is split in two halves ``x1 | x2``; pair ``(x1[i], x2[i])`` is rotated by
-angle ``position * inv_freq[i]``. cos/sin are precomputed once in float32 for every position
-up to ``max_position_embeddings`` and looked up by position at each step.
+The rotated dimensions are split in two halves ``x1 | x2``; pair ``(x1[i], x2[i])`` is
+rotated by angle ``position * inv_freq[i]``. With ``partial_rotary_factor < 1`` (Phi-4-mini,
+for instance) only the first ``rotary_dim = head_dim * factor`` dimensions of each head are
+rotated and the rest pass through. cos/sin are precomputed once in float32 for every
+position up to ``max_position_embeddings`` and looked up by position at each step.
 
 RoPE settings are read from a Hugging Face config in either spelling:
 
@@ -33,11 +35,13 @@ class RopeParameters:
         rope_type: ``"default"`` or ``"llama3"``.
         scaling: the extra keys of the scaling dict (``factor``, ``low_freq_factor``,
             ``high_freq_factor``, ``original_max_position_embeddings`` for llama3).
+        partial_rotary_factor: the fraction of each head's dimensions that is rotated.
     """
 
     rope_theta: float
     rope_type: str
     scaling: dict[str, Any]
+    partial_rotary_factor: float = 1.0
 
 
 def rope_parameters_from_config(config: Any) -> RopeParameters:
@@ -59,9 +63,9 @@ def rope_parameters_from_config(config: Any) -> RopeParameters:
     rope_type = params.pop("rope_type", None) or legacy_type or "default"
     partial = params.pop("partial_rotary_factor", None)
     partial = partial or getattr(config, "partial_rotary_factor", None) or 1.0
-    if partial != 1.0:
-        raise NotImplementedError(f"partial_rotary_factor={partial} is not supported")
-    return RopeParameters(rope_theta=float(theta), rope_type=rope_type, scaling=params)
+    if not 0.0 < partial <= 1.0:
+        raise ValueError(f"partial_rotary_factor={partial} is invalid: must be in (0, 1]")
+    return RopeParameters(float(theta), rope_type, params, float(partial))
 
 
 def default_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
@@ -99,8 +103,9 @@ def compute_inv_freq(head_dim: int, rope: RopeParameters) -> torch.Tensor:
         return inv_freq
     if rope.rope_type == "llama3":
         return llama3_inv_freq(inv_freq, rope.scaling)
-    raise NotImplementedError(
-        f"rope_type={rope.rope_type!r} is not supported (supported: 'default', 'llama3')"
+    raise ValueError(
+        f"rope_type={rope.rope_type!r} is not supported by vlite yet (supported: 'default', "
+        "'llama3')"
     )
 
 
@@ -108,17 +113,24 @@ class RotaryEmbedding(nn.Module):
     """Applies RoPE to queries and keys, looking cos/sin up by absolute position.
 
     The cos/sin cache is a float32, non-persistent buffer of shape
-    ``[max_position_embeddings, head_dim // 2]``; it is cast to the query dtype on use,
+    ``[max_position_embeddings, rotary_dim // 2]``; it is cast to the query dtype on use,
     as transformers does.
     """
 
     def __init__(self, head_dim: int, max_position_embeddings: int, rope: RopeParameters):
         super().__init__()
-        if head_dim % 2 != 0:
-            raise ValueError(f"RoPE needs an even head_dim, got {head_dim}")
+        rotary_dim = int(head_dim * rope.partial_rotary_factor)
+        if rotary_dim % 2 != 0 or rotary_dim == 0:
+            raise ValueError(
+                f"RoPE needs an even, non-zero number of rotated dimensions; head_dim="
+                f"{head_dim} with partial_rotary_factor={rope.partial_rotary_factor} gives "
+                f"{rotary_dim}"
+            )
         self.head_dim = head_dim
+        #: Dimensions rotated at the start of each head (``head_dim`` unless partial).
+        self.rotary_dim = rotary_dim
         self.max_position_embeddings = max_position_embeddings
-        inv_freq = compute_inv_freq(head_dim, rope)
+        inv_freq = compute_inv_freq(rotary_dim, rope)
         positions = torch.arange(max_position_embeddings, dtype=torch.int64).to(torch.float32)
         freqs = torch.outer(positions, inv_freq)
         self.register_buffer("cos_cache", freqs.cos(), persistent=False)
@@ -140,7 +152,12 @@ class RotaryEmbedding(nn.Module):
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``x * cos + rotate_half(x) * sin`` on ``[T, heads, head_dim]`` with half-width cos/sin."""
+    """``x * cos + rotate_half(x) * sin`` on the first ``2 * cos.shape[-1]`` dimensions of
+    ``x`` ``[T, heads, head_dim]``; the rest (partial rotary) pass through."""
+    rotary_dim = 2 * cos.shape[-1]
+    if rotary_dim != x.shape[-1]:
+        rotated = _rotate(x[..., :rotary_dim], cos, sin)
+        return torch.cat((rotated, x[..., rotary_dim:]), dim=-1)
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
@@ -163,6 +180,7 @@ class StepRotation:
         self.head_dim = rope.head_dim
         is_native = (
             native is not None
+            and rope.rotary_dim == rope.head_dim  # the C kernel rotates whole heads
             and dtype == torch.float32
             and positions.device.type == "cpu"
             and rope.cos_cache.dtype == torch.float32

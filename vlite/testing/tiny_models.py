@@ -18,6 +18,7 @@ ARCHITECTURES = (
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
     "SmolLM3ForCausalLM",
+    "Phi3ForCausalLM",
 )
 
 BOS_TOKEN = "<s>"
@@ -109,6 +110,9 @@ def make_tiny_config(
     if architecture == "SmolLM3ForCausalLM":
         fields["no_rope_layer_interval"] = 2  # the second of two layers has no RoPE
         fields.update(pad_token_id=0, bos_token_id=1, eos_token_id=2)  # the tiny tokenizer's
+    if architecture == "Phi3ForCausalLM":
+        fields["partial_rotary_factor"] = 0.5  # as Phi-4-mini: half of each head rotates
+        fields.update(pad_token_id=0, bos_token_id=1, eos_token_id=2)
     fields.update(
         vocab_size=vocab_size,
         num_key_value_heads=num_kv_heads,

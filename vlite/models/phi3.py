@@ -1,0 +1,76 @@
+"""Phi-3: the Llama decoder with fused ``qkv_proj`` and ``gate_up_proj`` in the checkpoint.
+
+Phi-3 (and Phi-3.5/Phi-4-mini, whose ``partial_rotary_factor`` < 1 rotates only part of
+each head, see :mod:`vlite.models.rope`) is the Llama block with no biases; its checkpoints
+store the q/k/v projections as one ``qkv_proj`` matrix and gate/up as one
+``gate_up_proj``, which vlite fuses too. :meth:`Phi3ForCausalLM.load_weights` splits them
+into the pieces the (maybe tensor-parallel) fused layers load.
+
+LongRoPE scaling (``rope_type="longrope"``: the 128k-context Phi-3 models, Phi-3.5,
+Phi-4-mini) is not supported yet and is refused when the model is built; the window of
+``sliding_window`` caps the context length (see :func:`vlite.models.spec.attention_window`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import torch
+
+from vlite.core.hookspecs import Register, hookimpl
+from vlite.models.llama import LlamaForCausalLM
+from vlite.models.quantization import BlockQuantizedTensor
+from vlite.models.spec import head_dim_of
+
+ARCHITECTURE = "Phi3ForCausalLM"
+
+
+class Phi3ForCausalLM(LlamaForCausalLM):
+    """:class:`~vlite.models.llama.LlamaForCausalLM` loading Phi-3's fused checkpoints."""
+
+    #: The fused matrices are split by rows on load; block-quantized ones are not (yet).
+    supports_block_quantized_weights = False
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        super().load_weights(self._split_fused(weights))
+
+    def _split_fused(
+        self, weights: Iterable[tuple[str, torch.Tensor]]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield ``qkv_proj`` as ``q_proj``/``k_proj``/``v_proj`` and ``gate_up_proj`` as
+        ``gate_proj``/``up_proj`` (row slices); every other tensor as it is."""
+        config = self.config
+        head_dim = head_dim_of(config)
+        q_rows = config.num_attention_heads * head_dim
+        kv_rows = config.num_key_value_heads * head_dim
+        for name, tensor in weights:
+            prefix, _, leaf = name.rpartition(".")
+            module_prefix, _, projection = prefix.rpartition(".")
+            if isinstance(tensor, BlockQuantizedTensor):
+                tensor = tensor.dequantize()
+            if projection in ("qkv_proj", "gate_up_proj"):
+                _check_rows(name, tensor, q_rows + 2 * kv_rows, 2 * config.intermediate_size)
+            if projection == "qkv_proj":
+                q, k, v = tensor.split([q_rows, kv_rows, kv_rows], dim=0)
+                for piece, part in (("q_proj", q), ("k_proj", k), ("v_proj", v)):
+                    yield f"{module_prefix}.{piece}.{leaf}", part
+            elif projection == "gate_up_proj":
+                gate, up = tensor.chunk(2, dim=0)
+                yield f"{module_prefix}.gate_proj.{leaf}", gate
+                yield f"{module_prefix}.up_proj.{leaf}", up
+            else:
+                yield name, tensor
+
+
+def _check_rows(name: str, tensor: torch.Tensor, qkv_rows: int, gate_up_rows: int) -> None:
+    expected = qkv_rows if name.rsplit(".", 2)[-2] == "qkv_proj" else gate_up_rows
+    if tensor.shape[0] != expected:
+        raise ValueError(
+            f"weight {name!r} has {tensor.shape[0]} rows, expected {expected} (the fused "
+            "projections of this config)"
+        )
+
+
+@hookimpl
+def register_models(register: Register) -> None:
+    register(ARCHITECTURE, Phi3ForCausalLM)
