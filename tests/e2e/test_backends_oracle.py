@@ -28,6 +28,10 @@ MODELS = {
     "qwen3-mha-untied": ("Qwen3ForCausalLM", {"num_kv_heads": 4, "tie_word_embeddings": False}),
     "smollm3-gqa-tied": ("SmolLM3ForCausalLM", {"num_kv_heads": 2, "tie_word_embeddings": True}),
     "phi3-gqa-untied": ("Phi3ForCausalLM", {"num_kv_heads": 2, "tie_word_embeddings": False}),
+    "mixtral-gqa-untied": (
+        "MixtralForCausalLM",
+        {"num_kv_heads": 2, "tie_word_embeddings": False},
+    ),
 }
 
 

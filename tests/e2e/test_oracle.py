@@ -1,6 +1,6 @@
 """The correctness oracle: greedy float32 tokens equal transformers' generate.
 
-Twelve tiny random models (six architectures; GQA with tied embeddings and MHA with
+Fourteen tiny random models (seven architectures; GQA with tied embeddings and MHA with
 untied ones), eight prompts of different lengths, 24 new tokens, run one at a time, all in
 one batch, with prefix-cache hits and under forced preemption.
 """

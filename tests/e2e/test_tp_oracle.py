@@ -36,6 +36,10 @@ MODELS = {
     ),
     "smollm3-gqa-tied": ("SmolLM3ForCausalLM", {"num_kv_heads": 2, "tie_word_embeddings": True}),
     "phi3-gqa-untied": ("Phi3ForCausalLM", {"num_kv_heads": 2, "tie_word_embeddings": False}),
+    "mixtral-gqa-untied": (
+        "MixtralForCausalLM",
+        {"num_kv_heads": 2, "tie_word_embeddings": False},
+    ),
 }
 
 

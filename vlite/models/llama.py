@@ -215,7 +215,11 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    """Pre-norm block: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``, in HF's order."""
+    """Pre-norm block: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``, in HF's order.
+
+    ``mlp`` is the feed-forward module (default: :class:`LlamaMLP`; a mixture of experts
+    in Mixtral), any module mapping ``[T, hidden_size]`` to ``[T, hidden_size]``.
+    """
 
     def __init__(
         self,
@@ -223,10 +227,11 @@ class LlamaDecoderLayer(nn.Module):
         attention: AttentionBackend,
         rotary: RotaryEmbedding,
         tp_group: TensorParallelGroup = SINGLE_RANK,
+        mlp: nn.Module | None = None,
     ):
         super().__init__()
         self.self_attn = LlamaAttention(config, attention, rotary, tp_group)
-        self.mlp = LlamaMLP(config, tp_group)
+        self.mlp = mlp if mlp is not None else LlamaMLP(config, tp_group)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -261,11 +266,13 @@ class LlamaModel(nn.Module):
         attention: AttentionBackend,
         rotary: RotaryEmbedding,
         tp_group: TensorParallelGroup = SINGLE_RANK,
+        make_mlp: Any = None,
     ):
         super().__init__()
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)  # replicated
+        make_mlp = make_mlp or LlamaMLP
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, attention, rotary, tp_group)
+            LlamaDecoderLayer(config, attention, rotary, tp_group, make_mlp(config, tp_group))
             for _ in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -297,7 +304,7 @@ class LlamaForCausalLM(nn.Module):
     ) -> None:
         super().__init__()
         _check_supported(hf_config)
-        check_tensor_parallel_size(hf_config, tp_group.world_size)
+        self.check_tensor_parallel_size(hf_config, tp_group.world_size)
         self.config = hf_config
         self.tp_group = tp_group
         self.num_layers: int = hf_config.num_hidden_layers
@@ -312,7 +319,7 @@ class LlamaForCausalLM(nn.Module):
             block_size=block_size,
         )
         self.rotary_emb = RotaryEmbedding.from_config(hf_config, self.head_dim)
-        self.model = LlamaModel(hf_config, self.attention, self.rotary_emb, tp_group)
+        self.model = LlamaModel(hf_config, self.attention, self.rotary_emb, tp_group, self.make_mlp)
         self.lm_head = VocabParallelLMHead(
             hf_config.vocab_size,
             hf_config.hidden_size,
@@ -326,6 +333,11 @@ class LlamaForCausalLM(nn.Module):
     def check_tensor_parallel_size(cls, hf_config: Any, tensor_parallel_size: int) -> None:
         """Raise ``ValueError`` unless ``hf_config`` splits over ``tensor_parallel_size``."""
         check_tensor_parallel_size(hf_config, tensor_parallel_size)
+
+    @staticmethod
+    def make_mlp(config: Any, tp_group: TensorParallelGroup) -> nn.Module:
+        """Each layer's feed-forward module (a subclass may return another, e.g. experts)."""
+        return LlamaMLP(config, tp_group)
 
     def forward(
         self,
@@ -364,6 +376,8 @@ class LlamaForCausalLM(nn.Module):
         for hf_name, tensor in weights:
             if "rotary_emb." in hf_name:  # inv_freq / cos / sin caches: recomputed here
                 continue
+            if self.load_own_weight(hf_name, tensor):
+                continue
             if hf_name == "lm_head.weight" and self.tie_word_embeddings:
                 continue
             name, shard = _map_name(hf_name)
@@ -386,11 +400,20 @@ class LlamaForCausalLM(nn.Module):
                     tensor = tensor.dequantize()
                 params[name].data.copy_(tensor)
             pending.discard((name, shard))
+        pending.update((name, None) for name in self.own_missing_weights())
         if pending:
             missing = sorted(f"{n} ({s})" if s else n for n, s in pending)
             raise ValueError(f"missing weights: {', '.join(missing[:10])} ({len(missing)} total)")
         if any(getattr(m, "quantized", None) is not None for m in self.modules()):
             self.use_native_ops()
+
+    def load_own_weight(self, hf_name: str, tensor: torch.Tensor) -> bool:
+        """A subclass's hook for weights it loads itself (experts); ``True``: taken."""
+        return False
+
+    def own_missing_weights(self) -> list[str]:
+        """What a subclass's :meth:`load_own_weight` still expects."""
+        return []
 
     def use_native_ops(self) -> None:
         """Run the norms, RoPE and SwiGLU's activation as fused C kernels on float32 CPU
@@ -413,6 +436,8 @@ class LlamaForCausalLM(nn.Module):
         expected: set[tuple[str, str | None]] = set()
         for name, _ in self.named_parameters():
             module = self.get_submodule(name.rsplit(".", 1)[0])
+            if getattr(module, "loads_own_weights", False):
+                continue  # loaded through load_own_weight
             pieces = module.piece_names if isinstance(module, ShardedModule) else ()
             expected.update((name, piece) for piece in pieces or (None,))
         return expected

@@ -19,6 +19,7 @@ ARCHITECTURES = (
     "Qwen3ForCausalLM",
     "SmolLM3ForCausalLM",
     "Phi3ForCausalLM",
+    "MixtralForCausalLM",
 )
 
 BOS_TOKEN = "<s>"
@@ -110,6 +111,9 @@ def make_tiny_config(
     if architecture == "SmolLM3ForCausalLM":
         fields["no_rope_layer_interval"] = 2  # the second of two layers has no RoPE
         fields.update(pad_token_id=0, bos_token_id=1, eos_token_id=2)  # the tiny tokenizer's
+    if architecture == "MixtralForCausalLM":
+        # 4 experts of 2 per token; the intermediate width is one expert's.
+        fields.update(num_local_experts=4, num_experts_per_tok=2, sliding_window=None)
     if architecture == "Phi3ForCausalLM":
         fields["partial_rotary_factor"] = 0.5  # as Phi-4-mini: half of each head rotates
         fields.update(pad_token_id=0, bos_token_id=1, eos_token_id=2)

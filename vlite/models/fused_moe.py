@@ -1,0 +1,145 @@
+"""A mixture-of-experts layer: top-k routing, SwiGLU experts, tokens grouped by expert.
+
+:class:`FusedMoE` holds one layer's experts as two stacked parameters, ``w13``
+``[num_local_experts, 2 * intermediate, hidden]`` (gate and up, fused) and ``w2``
+``[num_local_experts, hidden, intermediate]`` (down). Its forward pass sorts the step's
+(token, expert) pairs by expert once and runs each expert on its contiguous slice of
+tokens with two matrix products — a loop over experts, never over tokens — then adds the
+weighted results back into each token's row.
+
+Expert parallelism: with a ``tp_group`` of world size ``n``, rank ``r`` holds whole experts
+``[r * E / n, (r + 1) * E / n)``, computes their share of every token's output, and one
+all-reduce sums the shares. Routing is computed on every rank from the same replicated
+router, so all ranks agree on it without communicating.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
+
+#: The checkpoint's names for an expert's three matrices, by role (Mixtral: w1, w3, w2).
+PIECES = ("gate", "up", "down")
+
+
+def route(
+    router_logits: torch.Tensor, top_k: int, renormalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(weights [T, top_k] float32, experts [T, top_k] int64)`` for router logits
+    ``[T, num_experts]``: the softmax's ``top_k`` largest probabilities (renormalized to sum
+    to 1 when ``renormalize``) and their experts."""
+    probabilities = F.softmax(router_logits.float(), dim=-1)
+    weights, experts = torch.topk(probabilities, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, experts
+
+
+class FusedMoE(nn.Module):
+    """One layer's experts (see the module docstring).
+
+    Args:
+        num_experts: experts in the layer (all ranks together).
+        top_k: experts each token is routed to.
+        hidden_size, intermediate_size: one expert's input/output and inner widths.
+        renormalize: whether the top-k weights are rescaled to sum to 1.
+        tp_group: the ranks the experts are spread over (whole experts per rank).
+    """
+
+    def __init__(
+        self,
+        num_experts: int,
+        top_k: int,
+        hidden_size: int,
+        intermediate_size: int,
+        renormalize: bool,
+        tp_group: TensorParallelGroup = SINGLE_RANK,
+    ) -> None:
+        super().__init__()
+        if num_experts % tp_group.world_size:
+            raise ValueError(
+                f"{num_experts} experts do not split over tensor_parallel_size="
+                f"{tp_group.world_size} (whole experts per rank)"
+            )
+        self.num_experts = num_experts
+        self.top_k = top_k
+        self.renormalize = renormalize
+        self.tp_group = tp_group
+        self.first_expert, self.end_expert = tp_group.shard_range(num_experts)
+        num_local = self.end_expert - self.first_expert
+        self.intermediate_size = intermediate_size
+        self.w13 = nn.Parameter(torch.empty(num_local, 2 * intermediate_size, hidden_size))
+        self.w2 = nn.Parameter(torch.empty(num_local, hidden_size, intermediate_size))
+        self._loaded: set[tuple[int, str]] = set()
+
+    #: Its parameters are filled by :meth:`load_expert`, not by the generic loader.
+    loads_own_weights = True
+
+    # ---- weights -----------------------------------------------------------------------
+
+    def expected_shape(self, piece: str) -> tuple[int, int]:
+        """The checkpoint shape of one expert's ``piece`` (``"gate"``, ``"up"``, ``"down"``)."""
+        hidden, inner = self.w2.shape[1], self.intermediate_size
+        return (hidden, inner) if piece == "down" else (inner, hidden)
+
+    def load_expert(self, expert: int, piece: str, tensor: torch.Tensor) -> None:
+        """Copy one expert's matrix in (experts of other ranks are skipped)."""
+        if piece not in PIECES:
+            raise ValueError(f"unknown expert matrix {piece!r}; expected one of {PIECES}")
+        if not 0 <= expert < self.num_experts:
+            raise ValueError(f"expert {expert} is outside the layer's {self.num_experts} experts")
+        if tuple(tensor.shape) != self.expected_shape(piece):
+            raise ValueError(
+                f"expert {expert} {piece} matrix has shape {tuple(tensor.shape)}, expected "
+                f"{self.expected_shape(piece)}"
+            )
+        self._loaded.add((expert, piece))
+        if not self.first_expert <= expert < self.end_expert:
+            return
+        local = expert - self.first_expert
+        inner = self.intermediate_size
+        with torch.no_grad():
+            if piece == "gate":
+                self.w13[local, :inner].copy_(tensor)
+            elif piece == "up":
+                self.w13[local, inner:].copy_(tensor)
+            else:
+                self.w2[local].copy_(tensor)
+
+    def missing_weights(self) -> list[str]:
+        """``"expert 3 up"`` for every expert matrix not loaded yet."""
+        return [
+            f"expert {expert} {piece}"
+            for expert in range(self.num_experts)
+            for piece in PIECES
+            if (expert, piece) not in self._loaded
+        ]
+
+    # ---- forward -----------------------------------------------------------------------
+
+    def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        """``hidden`` ``[T, hidden]`` and ``router_logits`` ``[T, num_experts]`` ->
+        ``[T, hidden]``: the routed experts' outputs, weighted and summed per token."""
+        weights, experts = route(router_logits, self.top_k, self.renormalize)
+        flat_experts = experts.flatten()  # [T * top_k], pair i is token i // top_k
+        order = torch.argsort(flat_experts, stable=True)
+        counts = torch.bincount(flat_experts, minlength=self.num_experts).tolist()
+        flat_weights = weights.flatten()
+        out = torch.zeros_like(hidden)
+        start = sum(counts[: self.first_expert])
+        for expert in range(self.first_expert, self.end_expert):
+            count = counts[expert]
+            if not count:
+                continue
+            pairs = order[start : start + count]
+            start += count
+            tokens = pairs // self.top_k
+            local = expert - self.first_expert
+            gate, up = F.linear(hidden[tokens], self.w13[local]).chunk(2, dim=-1)
+            expert_out = F.linear(F.silu(gate) * up, self.w2[local])
+            expert_out = expert_out * flat_weights[pairs, None]
+            out.index_add_(0, tokens, expert_out.to(out.dtype))
+        return self.tp_group.all_reduce(out)

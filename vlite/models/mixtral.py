@@ -1,0 +1,109 @@
+"""Mixtral: the Llama decoder with a mixture of SwiGLU experts in place of each MLP.
+
+Each layer's feed-forward is :class:`MixtralMoE`: a router (``gate``, ``[num_experts,
+hidden]``, replicated on every rank) picks ``num_experts_per_tok`` experts per token, and
+:class:`~vlite.models.fused_moe.FusedMoE` runs them grouped by expert (whole experts per
+tensor-parallel rank). Checkpoints name the parts ``block_sparse_moe.gate`` and
+``block_sparse_moe.experts.{e}.w1/w3/w2`` (gate, up, down); Mistral's ``sliding_window``
+caps the context as for Mistral.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import torch
+from torch import nn
+
+from vlite.core.hookspecs import Register, hookimpl
+from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
+from vlite.models.fused_moe import FusedMoE
+from vlite.models.llama import LlamaForCausalLM
+
+ARCHITECTURE = "MixtralForCausalLM"
+
+#: ``model.layers.3.block_sparse_moe.experts.5.w1.weight`` -> layer 3, expert 5, w1.
+_EXPERT_WEIGHT = re.compile(
+    r"^model\.layers\.(\d+)\.block_sparse_moe\.experts\.(\d+)\.(w[123])\.weight$"
+)
+_PIECE_OF = {"w1": "gate", "w3": "up", "w2": "down"}
+
+
+class MixtralMoE(nn.Module):
+    """Router and experts of one layer: ``[T, hidden]`` -> ``[T, hidden]``."""
+
+    def __init__(self, config: Any, tp_group: TensorParallelGroup = SINGLE_RANK) -> None:
+        super().__init__()
+        self.gate = nn.Linear(config.hidden_size, config.num_local_experts, bias=False)
+        self.experts = FusedMoE(
+            config.num_local_experts,
+            config.num_experts_per_tok,
+            config.hidden_size,
+            config.intermediate_size,
+            renormalize=True,
+            tp_group=tp_group,
+        )
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.experts(hidden, self.gate(hidden))
+
+
+class MixtralForCausalLM(LlamaForCausalLM):
+    """:class:`~vlite.models.llama.LlamaForCausalLM` with :class:`MixtralMoE` feed-forwards."""
+
+    #: The experts take float weights (GGUF blocks are dequantized first).
+    supports_block_quantized_weights = False
+
+    @staticmethod
+    def make_mlp(config: Any, tp_group: TensorParallelGroup) -> nn.Module:
+        return MixtralMoE(config, tp_group)
+
+    @classmethod
+    def check_tensor_parallel_size(cls, hf_config: Any, tensor_parallel_size: int) -> None:
+        """Heads and KV heads split over the ranks, and whole experts do."""
+        sizes = {
+            "num_attention_heads": hf_config.num_attention_heads,
+            "num_key_value_heads": hf_config.num_key_value_heads,
+            "num_local_experts": hf_config.num_local_experts,
+        }
+        bad = [f"{name}={value}" for name, value in sizes.items() if value % tensor_parallel_size]
+        if bad:
+            common = math.gcd(*sizes.values())
+            allowed = [size for size in range(1, common + 1) if common % size == 0]
+            raise ValueError(
+                f"mixtral: tensor_parallel_size={tensor_parallel_size} does not divide "
+                f"{', '.join(bad)}; this model supports tensor_parallel_size in "
+                f"{{{', '.join(map(str, allowed))}}}"
+            )
+
+    def load_own_weight(self, hf_name: str, tensor: torch.Tensor) -> bool:
+        match = _EXPERT_WEIGHT.match(hf_name)
+        if match is None:
+            return False
+        layer, expert, matrix = int(match[1]), int(match[2]), match[3]
+        if hasattr(tensor, "dequantize"):
+            tensor = tensor.dequantize()
+        self.model.layers[layer].mlp.experts.load_expert(expert, _PIECE_OF[matrix], tensor)
+        return True
+
+    def own_missing_weights(self) -> list[str]:
+        return [
+            f"model.layers.{index}.block_sparse_moe {missing}"
+            for index, layer in enumerate(self.model.layers)
+            for missing in layer.mlp.experts.missing_weights()
+        ]
+
+    def load_weights(self, weights) -> None:
+        # The router's checkpoint name: block_sparse_moe.gate -> mlp.gate.
+        renamed = (
+            (name.replace(".block_sparse_moe.gate.", ".mlp.gate."), tensor)
+            for name, tensor in weights
+        )
+        super().load_weights(renamed)
+
+
+@hookimpl
+def register_models(register: Register) -> None:
+    register(ARCHITECTURE, MixtralForCausalLM)
