@@ -40,6 +40,10 @@ MODELS = {
         "MixtralForCausalLM",
         {"num_kv_heads": 2, "tie_word_embeddings": False},
     ),
+    "qwen2moe-gqa-tied": (
+        "Qwen2MoeForCausalLM",
+        {"num_kv_heads": 2, "tie_word_embeddings": True},
+    ),
 }
 
 

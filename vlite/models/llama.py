@@ -105,7 +105,7 @@ class RMSNorm(nn.Module):
 
 
 def _is_qwen2(config: Any) -> bool:
-    return getattr(config, "model_type", "") == "qwen2"
+    return getattr(config, "model_type", "") in ("qwen2", "qwen2_moe")
 
 
 def _check_supported(config: Any) -> None:
@@ -146,7 +146,7 @@ class LlamaAttention(nn.Module):
             hidden, {"q": full_q, "k": full_kv, "v": full_kv}, qkv_bias, tp_group
         )
         self.o_proj = RowParallelLinear(full_q, hidden, o_bias, tp_group)
-        self.has_qk_norm = getattr(config, "model_type", "") == "qwen3"
+        self.has_qk_norm = getattr(config, "model_type", "") in ("qwen3", "qwen3_moe")
         if self.has_qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -192,12 +192,18 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    """SwiGLU feed-forward with a fused gate/up projection."""
+    """SwiGLU feed-forward with a fused gate/up projection (``intermediate_size`` features
+    unless given, e.g. for a mixture's shared expert)."""
 
-    def __init__(self, config: Any, tp_group: TensorParallelGroup = SINGLE_RANK):
+    def __init__(
+        self,
+        config: Any,
+        tp_group: TensorParallelGroup = SINGLE_RANK,
+        intermediate_size: int | None = None,
+    ):
         super().__init__()
         bias = bool(getattr(config, "mlp_bias", False))
-        size = config.intermediate_size
+        size = intermediate_size or config.intermediate_size
         self.gate_up_proj = ColumnParallelLinear(
             config.hidden_size, {"gate": size, "up": size}, bias, tp_group
         )
@@ -270,10 +276,12 @@ class LlamaModel(nn.Module):
     ):
         super().__init__()
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)  # replicated
-        make_mlp = make_mlp or LlamaMLP
+        make_mlp = make_mlp or (lambda config, tp_group, index: LlamaMLP(config, tp_group))
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, attention, rotary, tp_group, make_mlp(config, tp_group))
-            for _ in range(config.num_hidden_layers)
+            LlamaDecoderLayer(
+                config, attention, rotary, tp_group, make_mlp(config, tp_group, index)
+            )
+            for index in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -335,8 +343,9 @@ class LlamaForCausalLM(nn.Module):
         check_tensor_parallel_size(hf_config, tensor_parallel_size)
 
     @staticmethod
-    def make_mlp(config: Any, tp_group: TensorParallelGroup) -> nn.Module:
-        """Each layer's feed-forward module (a subclass may return another, e.g. experts)."""
+    def make_mlp(config: Any, tp_group: TensorParallelGroup, layer_index: int) -> nn.Module:
+        """Layer ``layer_index``'s feed-forward module (a subclass may return another, e.g.
+        a mixture of experts)."""
         return LlamaMLP(config, tp_group)
 
     def forward(

@@ -57,7 +57,7 @@ class MixtralForCausalLM(LlamaForCausalLM):
     supports_block_quantized_weights = False
 
     @staticmethod
-    def make_mlp(config: Any, tp_group: TensorParallelGroup) -> nn.Module:
+    def make_mlp(config: Any, tp_group: TensorParallelGroup, layer_index: int) -> nn.Module:
         return MixtralMoE(config, tp_group)
 
     @classmethod

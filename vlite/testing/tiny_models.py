@@ -20,6 +20,8 @@ ARCHITECTURES = (
     "SmolLM3ForCausalLM",
     "Phi3ForCausalLM",
     "MixtralForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "Qwen3MoeForCausalLM",
 )
 
 BOS_TOKEN = "<s>"
@@ -114,6 +116,20 @@ def make_tiny_config(
     if architecture == "MixtralForCausalLM":
         # 4 experts of 2 per token; the intermediate width is one expert's.
         fields.update(num_local_experts=4, num_experts_per_tok=2, sliding_window=None)
+    if architecture == "Qwen2MoeForCausalLM":
+        # Layer 0 sparse with a shared expert, layer 1 dense (mlp_only_layers).
+        fields.update(
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=48,
+            mlp_only_layers=[1],
+        )
+    if architecture == "Qwen3MoeForCausalLM":
+        fields.update(
+            num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True
+        )
+        fields["head_dim"] = 32
     if architecture == "Phi3ForCausalLM":
         fields["partial_rotary_factor"] = 0.5  # as Phi-4-mini: half of each head rotates
         fields.update(pad_token_id=0, bos_token_id=1, eos_token_id=2)
