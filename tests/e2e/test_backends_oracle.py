@@ -36,6 +36,7 @@ MODELS = {
         "Qwen2MoeForCausalLM",
         {"num_kv_heads": 2, "tie_word_embeddings": True},
     ),
+    "olmoe-gqa-untied": ("OlmoeForCausalLM", {"num_kv_heads": 2, "tie_word_embeddings": False}),
 }
 
 

@@ -1,6 +1,6 @@
 """The correctness oracle: greedy float32 tokens equal transformers' generate.
 
-Eighteen tiny random models (nine architectures; GQA with tied embeddings and MHA with
+Twenty tiny random models (ten architectures; GQA with tied embeddings and MHA with
 untied ones), eight prompts of different lengths, 24 new tokens, run one at a time, all in
 one batch, with prefix-cache hits and under forced preemption.
 """

@@ -234,9 +234,12 @@ class LlamaDecoderLayer(nn.Module):
         rotary: RotaryEmbedding,
         tp_group: TensorParallelGroup = SINGLE_RANK,
         mlp: nn.Module | None = None,
+        self_attn: nn.Module | None = None,
     ):
         super().__init__()
-        self.self_attn = LlamaAttention(config, attention, rotary, tp_group)
+        if self_attn is None:
+            self_attn = LlamaAttention(config, attention, rotary, tp_group)
+        self.self_attn = self_attn
         self.mlp = mlp if mlp is not None else LlamaMLP(config, tp_group)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -273,13 +276,20 @@ class LlamaModel(nn.Module):
         rotary: RotaryEmbedding,
         tp_group: TensorParallelGroup = SINGLE_RANK,
         make_mlp: Any = None,
+        make_attention: Any = None,
     ):
         super().__init__()
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)  # replicated
         make_mlp = make_mlp or (lambda config, tp_group, index: LlamaMLP(config, tp_group))
+        make_attention = make_attention or LlamaAttention
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(
-                config, attention, rotary, tp_group, make_mlp(config, tp_group, index)
+                config,
+                attention,
+                rotary,
+                tp_group,
+                make_mlp(config, tp_group, index),
+                make_attention(config, attention, rotary, tp_group),
             )
             for index in range(config.num_hidden_layers)
         )
@@ -300,6 +310,9 @@ class LlamaForCausalLM(nn.Module):
 
     #: Accepts a ``tp_group`` of any world size :func:`check_tensor_parallel_size` allows.
     supports_tensor_parallel = True
+    #: Each layer's self-attention module, built as ``cls(config, attention, rotary,
+    #: tp_group)`` (a subclass may name another, e.g. OLMoE's).
+    attention_class: type[nn.Module] = LlamaAttention
     #: :meth:`load_weights` takes GGUF block-quantized matrices and keeps them quantized.
     supports_block_quantized_weights = True
 
@@ -327,7 +340,14 @@ class LlamaForCausalLM(nn.Module):
             block_size=block_size,
         )
         self.rotary_emb = RotaryEmbedding.from_config(hf_config, self.head_dim)
-        self.model = LlamaModel(hf_config, self.attention, self.rotary_emb, tp_group, self.make_mlp)
+        self.model = LlamaModel(
+            hf_config,
+            self.attention,
+            self.rotary_emb,
+            tp_group,
+            self.make_mlp,
+            self.attention_class,
+        )
         self.lm_head = VocabParallelLMHead(
             hf_config.vocab_size,
             hf_config.hidden_size,
@@ -452,11 +472,14 @@ class LlamaForCausalLM(nn.Module):
         return expected
 
 
-def check_tensor_parallel_size(hf_config: Any, tensor_parallel_size: int) -> None:
+def check_tensor_parallel_size(
+    hf_config: Any, tensor_parallel_size: int, split: dict[str, int] | None = None
+) -> None:
     """Raise ``ValueError`` unless the model splits evenly over ``tensor_parallel_size`` ranks.
 
-    Attention heads, KV heads and the MLP's intermediate features are split; KV heads are
-    not replicated, so ``tensor_parallel_size`` may not exceed ``num_key_value_heads``. The
+    Attention heads, KV heads and the MLP's intermediate features are split (``split``
+    replaces the MLP's entry: a mixture of experts splits whole experts); KV heads are not
+    replicated, so ``tensor_parallel_size`` may not exceed ``num_key_value_heads``. The
     message names the values that do not divide and the sizes the model allows.
     """
     if tensor_parallel_size == 1:
@@ -464,8 +487,8 @@ def check_tensor_parallel_size(hf_config: Any, tensor_parallel_size: int) -> Non
     sizes = {
         "num_attention_heads": hf_config.num_attention_heads,
         "num_key_value_heads": hf_config.num_key_value_heads,
-        "intermediate_size": hf_config.intermediate_size,
     }
+    sizes.update(split if split is not None else {"intermediate_size": hf_config.intermediate_size})
     bad = [f"{name}={value}" for name, value in sizes.items() if value % tensor_parallel_size]
     if not bad:
         return

@@ -10,7 +10,6 @@ caps the context as for Mistral.
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any
 
@@ -20,7 +19,7 @@ from torch import nn
 from vlite.core.hookspecs import Register, hookimpl
 from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vlite.models.fused_moe import FusedMoE
-from vlite.models.llama import LlamaForCausalLM
+from vlite.models.llama import LlamaForCausalLM, check_tensor_parallel_size
 
 ARCHITECTURE = "MixtralForCausalLM"
 
@@ -63,20 +62,8 @@ class MixtralForCausalLM(LlamaForCausalLM):
     @classmethod
     def check_tensor_parallel_size(cls, hf_config: Any, tensor_parallel_size: int) -> None:
         """Heads and KV heads split over the ranks, and whole experts do."""
-        sizes = {
-            "num_attention_heads": hf_config.num_attention_heads,
-            "num_key_value_heads": hf_config.num_key_value_heads,
-            "num_local_experts": hf_config.num_local_experts,
-        }
-        bad = [f"{name}={value}" for name, value in sizes.items() if value % tensor_parallel_size]
-        if bad:
-            common = math.gcd(*sizes.values())
-            allowed = [size for size in range(1, common + 1) if common % size == 0]
-            raise ValueError(
-                f"mixtral: tensor_parallel_size={tensor_parallel_size} does not divide "
-                f"{', '.join(bad)}; this model supports tensor_parallel_size in "
-                f"{{{', '.join(map(str, allowed))}}}"
-            )
+        experts = {"num_local_experts": hf_config.num_local_experts}
+        check_tensor_parallel_size(hf_config, tensor_parallel_size, experts)
 
     def load_own_weight(self, hf_name: str, tensor: torch.Tensor) -> bool:
         match = _EXPERT_WEIGHT.match(hf_name)

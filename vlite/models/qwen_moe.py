@@ -11,7 +11,6 @@ down_proj``, ``mlp.shared_expert.*``, ``mlp.shared_expert_gate``.
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any
 
@@ -21,7 +20,7 @@ from torch import nn
 from vlite.core.hookspecs import Register, hookimpl
 from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vlite.models.fused_moe import FusedMoE
-from vlite.models.llama import LlamaForCausalLM, LlamaMLP
+from vlite.models.llama import LlamaForCausalLM, LlamaMLP, check_tensor_parallel_size
 
 ARCHITECTURES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 
@@ -80,24 +79,14 @@ class QwenMoeForCausalLM(LlamaForCausalLM):
     @classmethod
     def check_tensor_parallel_size(cls, hf_config: Any, tensor_parallel_size: int) -> None:
         """Heads, KV heads, whole experts and the dense and shared MLPs split over the ranks."""
-        sizes = {
-            "num_attention_heads": hf_config.num_attention_heads,
-            "num_key_value_heads": hf_config.num_key_value_heads,
+        split = {
             "num_experts": hf_config.num_experts,
             "intermediate_size": hf_config.intermediate_size,
         }
         shared = getattr(hf_config, "shared_expert_intermediate_size", 0) or 0
         if shared:
-            sizes["shared_expert_intermediate_size"] = shared
-        bad = [f"{name}={value}" for name, value in sizes.items() if value % tensor_parallel_size]
-        if bad:
-            common = math.gcd(*sizes.values())
-            allowed = [size for size in range(1, common + 1) if common % size == 0]
-            raise ValueError(
-                f"{hf_config.model_type}: tensor_parallel_size={tensor_parallel_size} does not "
-                f"divide {', '.join(bad)}; this model supports tensor_parallel_size in "
-                f"{{{', '.join(map(str, allowed))}}}"
-            )
+            split["shared_expert_intermediate_size"] = shared
+        check_tensor_parallel_size(hf_config, tensor_parallel_size, split)
 
     def load_own_weight(self, hf_name: str, tensor: torch.Tensor) -> bool:
         match = _EXPERT_WEIGHT.match(hf_name)
@@ -113,7 +102,7 @@ class QwenMoeForCausalLM(LlamaForCausalLM):
         return [
             f"model.layers.{index}.mlp {missing}"
             for index, layer in enumerate(self.model.layers)
-            if isinstance(layer.mlp, QwenMoE)
+            if isinstance(getattr(layer.mlp, "experts", None), FusedMoE)
             for missing in layer.mlp.experts.missing_weights()
         ]
 

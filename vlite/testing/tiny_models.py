@@ -22,6 +22,7 @@ ARCHITECTURES = (
     "MixtralForCausalLM",
     "Qwen2MoeForCausalLM",
     "Qwen3MoeForCausalLM",
+    "OlmoeForCausalLM",
 )
 
 BOS_TOKEN = "<s>"
@@ -130,6 +131,9 @@ def make_tiny_config(
             num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True
         )
         fields["head_dim"] = 32
+    if architecture == "OlmoeForCausalLM":
+        fields.update(num_experts=4, num_experts_per_tok=2, clip_qkv=2.0)
+        fields.update(pad_token_id=0, bos_token_id=1, eos_token_id=2)
     if architecture == "Phi3ForCausalLM":
         fields["partial_rotary_factor"] = 0.5  # as Phi-4-mini: half of each head rotates
         fields.update(pad_token_id=0, bos_token_id=1, eos_token_id=2)
