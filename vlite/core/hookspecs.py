@@ -109,7 +109,8 @@ def register_models(register: Register) -> None:
         it appears in a Hugging Face ``config.json`` ``architectures`` list (for example
         ``"LlamaForCausalLM"``) and ``cls`` implements :class:`vlite.core.model.CausalLM`.
 
-    Called at engine construction, in every process that builds a model.
+    Called at engine construction, in every process that builds a model; ``docs/models.md``
+    shows how a model plugin is written.
     """
 
 
