@@ -182,6 +182,9 @@ def test_a_killed_worker_stops_the_engine_and_the_server_with_status_1(start_ser
         assert stream.got_error_event or stream.error is not None
     assert server.wait(TIMEOUT_S) == 1, server.log_text
     assert_nothing_left(server)
+    deadline = time.monotonic() + 10
+    while any(pid_is_alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert not any(pid_is_alive(worker) for worker in workers), "a worker outlived the core"
 
 
