@@ -3,8 +3,6 @@ body, never a 5xx or a hang, and the server serves the next good request as befo
 
 from __future__ import annotations
 
-import json
-
 import httpx
 import pytest
 
@@ -95,6 +93,9 @@ def test_good_requests_interleaved_with_bad_ones_get_the_answers_they_get_alone(
     for _, path, body in MALFORMED:
         assert send(client, path, body).status_code < 500
         assert good_tokens(client) == alone
-    scrape = client.get("/metrics").text
-    assert 'vlite:engine_healthy{model_name="' in scrape
-    assert "vlite:num_requests_running{" in scrape and json.dumps(alone)
+    healthy = [
+        line
+        for line in client.get("/metrics").text.splitlines()
+        if line.startswith("vlite:engine_healthy{")
+    ]
+    assert len(healthy) == 1 and healthy[0].endswith(" 1.0"), healthy

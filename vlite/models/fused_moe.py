@@ -143,3 +143,29 @@ class FusedMoE(nn.Module):
             expert_out = expert_out * flat_weights[pairs, None]
             out.index_add_(0, tokens, expert_out.to(out.dtype))
         return self.tp_group.all_reduce(out)
+
+
+class MoEBlock(nn.Module):
+    """A replicated router (``gate``, ``[num_experts, hidden]``) and its :class:`FusedMoE`
+    experts: one layer's mixture, ``[T, hidden]`` -> ``[T, hidden]``.
+
+    Args:
+        hidden_size, num_experts, top_k, expert_size, renormalize, tp_group: as
+            :class:`FusedMoE` takes them (``expert_size``: one expert's inner width).
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_experts: int,
+        top_k: int,
+        expert_size: int,
+        renormalize: bool,
+        tp_group: TensorParallelGroup = SINGLE_RANK,
+    ) -> None:
+        super().__init__()
+        self.gate = nn.Linear(hidden_size, num_experts, bias=False)
+        self.experts = FusedMoE(num_experts, top_k, hidden_size, expert_size, renormalize, tp_group)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.experts(hidden, self.gate(hidden))

@@ -1,6 +1,6 @@
 """Mixtral: the Llama decoder with a mixture of SwiGLU experts in place of each MLP.
 
-Each layer's feed-forward is :class:`MixtralMoE`: a router (``gate``, ``[num_experts,
+Each layer's feed-forward is :func:`mixtral_moe`: a router (``gate``, ``[num_experts,
 hidden]``, replicated on every rank) picks ``num_experts_per_tok`` experts per token, and
 :class:`~vlite.models.fused_moe.FusedMoE` runs them grouped by expert (whole experts per
 tensor-parallel rank). Checkpoints name the parts ``block_sparse_moe.gate`` and
@@ -18,7 +18,7 @@ from torch import nn
 
 from vlite.core.hookspecs import Register, hookimpl
 from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
-from vlite.models.fused_moe import FusedMoE
+from vlite.models.fused_moe import MoEBlock
 from vlite.models.llama import LlamaForCausalLM, check_tensor_parallel_size
 
 ARCHITECTURE = "MixtralForCausalLM"
@@ -30,34 +30,28 @@ _EXPERT_WEIGHT = re.compile(
 _PIECE_OF = {"w1": "gate", "w3": "up", "w2": "down"}
 
 
-class MixtralMoE(nn.Module):
-    """Router and experts of one layer: ``[T, hidden]`` -> ``[T, hidden]``."""
-
-    def __init__(self, config: Any, tp_group: TensorParallelGroup = SINGLE_RANK) -> None:
-        super().__init__()
-        self.gate = nn.Linear(config.hidden_size, config.num_local_experts, bias=False)
-        self.experts = FusedMoE(
-            config.num_local_experts,
-            config.num_experts_per_tok,
-            config.hidden_size,
-            config.intermediate_size,
-            renormalize=True,
-            tp_group=tp_group,
-        )
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.experts(hidden, self.gate(hidden))
+def mixtral_moe(config: Any, tp_group: TensorParallelGroup = SINGLE_RANK) -> MoEBlock:
+    """One layer's router and experts (top-k weights always renormalized)."""
+    return MoEBlock(
+        config.hidden_size,
+        config.num_local_experts,
+        config.num_experts_per_tok,
+        config.intermediate_size,
+        renormalize=True,
+        tp_group=tp_group,
+    )
 
 
 class MixtralForCausalLM(LlamaForCausalLM):
-    """:class:`~vlite.models.llama.LlamaForCausalLM` with :class:`MixtralMoE` feed-forwards."""
+    """:class:`~vlite.models.llama.LlamaForCausalLM` with a mixture of experts
+    (:func:`mixtral_moe`) as every layer's feed-forward."""
 
     #: The experts take float weights (GGUF blocks are dequantized first).
     supports_block_quantized_weights = False
 
     @staticmethod
     def make_mlp(config: Any, tp_group: TensorParallelGroup, layer_index: int) -> nn.Module:
-        return MixtralMoE(config, tp_group)
+        return mixtral_moe(config, tp_group)
 
     @classmethod
     def check_tensor_parallel_size(cls, hf_config: Any, tensor_parallel_size: int) -> None:

@@ -19,9 +19,8 @@ from torch import nn
 from vlite.core.attention import AttentionMetadata
 from vlite.core.hookspecs import Register, hookimpl
 from vlite.distributed.parallel_state import TensorParallelGroup
-from vlite.models.fused_moe import FusedMoE
 from vlite.models.llama import LlamaAttention, LlamaMLP, RMSNorm
-from vlite.models.qwen_moe import QwenMoeForCausalLM, is_sparse_layer
+from vlite.models.qwen_moe import QwenMoE, QwenMoeForCausalLM, is_sparse_layer
 from vlite.models.rope import StepRotation
 
 ARCHITECTURE = "OlmoeForCausalLM"
@@ -57,35 +56,16 @@ class OlmoeAttention(LlamaAttention):
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 
-class OlmoeMoE(nn.Module):
-    """Router and experts of one layer (experts of ``intermediate_size`` features)."""
-
-    def __init__(self, config: Any, tp_group: TensorParallelGroup) -> None:
-        super().__init__()
-        self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=False)
-        self.experts = FusedMoE(
-            config.num_experts,
-            config.num_experts_per_tok,
-            config.hidden_size,
-            config.intermediate_size,
-            renormalize=bool(getattr(config, "norm_topk_prob", False)),
-            tp_group=tp_group,
-        )
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.experts(hidden, self.gate(hidden))
-
-
 class OlmoeForCausalLM(QwenMoeForCausalLM):
-    """OLMoE: :class:`OlmoeAttention` and :class:`OlmoeMoE` in the Llama decoder."""
+    """OLMoE: :class:`OlmoeAttention` and Qwen-MoE's experts in the Llama decoder."""
 
     supports_tensor_parallel = False
     attention_class = OlmoeAttention
 
     @staticmethod
     def make_mlp(config: Any, tp_group: TensorParallelGroup, layer_index: int) -> nn.Module:
-        if is_sparse_layer(config, layer_index):
-            return OlmoeMoE(config, tp_group)
+        if is_sparse_layer(config, layer_index):  # experts of intermediate_size, no shared one
+            return QwenMoE(config, tp_group, expert_size=config.intermediate_size)
         return LlamaMLP(config, tp_group)
 
     @classmethod

@@ -19,7 +19,7 @@ from torch import nn
 
 from vlite.core.hookspecs import Register, hookimpl
 from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
-from vlite.models.fused_moe import FusedMoE
+from vlite.models.fused_moe import FusedMoE, MoEBlock
 from vlite.models.llama import LlamaForCausalLM, LlamaMLP, check_tensor_parallel_size
 
 ARCHITECTURES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
@@ -37,17 +37,24 @@ def is_sparse_layer(config: Any, index: int) -> bool:
     return config.num_experts > 0 and (index + 1) % step == 0
 
 
-class QwenMoE(nn.Module):
-    """Router, experts and (when configured) the shared expert of one layer."""
+class QwenMoE(MoEBlock):
+    """Router, experts and (when configured) the shared expert of one layer.
 
-    def __init__(self, config: Any, tp_group: TensorParallelGroup = SINGLE_RANK) -> None:
-        super().__init__()
-        self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=False)
-        self.experts = FusedMoE(
+    ``expert_size`` is one expert's inner width: ``moe_intermediate_size`` unless given
+    (OLMoE's experts use ``intermediate_size``).
+    """
+
+    def __init__(
+        self,
+        config: Any,
+        tp_group: TensorParallelGroup = SINGLE_RANK,
+        expert_size: int | None = None,
+    ) -> None:
+        super().__init__(
+            config.hidden_size,
             config.num_experts,
             config.num_experts_per_tok,
-            config.hidden_size,
-            config.moe_intermediate_size,
+            expert_size or config.moe_intermediate_size,
             renormalize=bool(getattr(config, "norm_topk_prob", False)),
             tp_group=tp_group,
         )
@@ -58,7 +65,7 @@ class QwenMoE(nn.Module):
         )
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        out = self.experts(hidden, self.gate(hidden))
+        out = super().forward(hidden)
         if self.shared_expert is not None:
             shared = self.shared_expert(hidden)
             out = out + torch.sigmoid(self.shared_expert_gate(hidden)) * shared
