@@ -182,3 +182,41 @@ def test_a_stop_string_must_end_in_new_text(tokenizer, encode):
 
     assert not any(feed_one_by_one(detokenizer, token_ids))
     assert detokenizer.text == "xy zzz"
+
+
+def _default_tokenizer():
+    import importlib.util
+
+    from vlite.models.spec import DEFAULT_MODEL_INSTALL, DEFAULT_MODEL_PACKAGE
+
+    if importlib.util.find_spec(DEFAULT_MODEL_PACKAGE) is None:
+        pytest.skip(f"the default model is not installed: {DEFAULT_MODEL_INSTALL}")
+    from vlite.models.gguf import load_gguf_tokenizer
+    from vlite.models.spec import default_model_path
+
+    return load_gguf_tokenizer(default_model_path())
+
+
+@pytest.mark.parametrize("which", ["tiny", "default-model"])
+def test_the_fast_decoder_gives_the_tokenizers_own_text(tokenizer, which):
+    import random
+
+    from vlite.engine.detokenizer import skip_special_decoder
+
+    tok = tokenizer if which == "tiny" else _default_tokenizer()
+    decode = skip_special_decoder(tok)
+    rng = random.Random(0)
+    specials = list(tok.all_special_ids)
+    for _ in range(300):
+        ids = [rng.randrange(len(tok)) for _ in range(rng.randint(0, 12))]
+        ids[rng.randrange(len(ids) + 1) : 0] = rng.sample(specials, 1)  # a special token in
+        assert decode(ids) == tok.decode(ids, skip_special_tokens=True)
+
+
+def test_a_tokenizer_that_cleans_up_spaces_keeps_its_own_decode(tokenizer, monkeypatch):
+    from vlite.engine.detokenizer import skip_special_decoder
+
+    calls = []
+    monkeypatch.setattr(tokenizer, "clean_up_tokenization_spaces", True)
+    monkeypatch.setattr(tokenizer, "decode", lambda ids, **kw: calls.append(ids) or "x")
+    assert skip_special_decoder(tokenizer)([5, 6]) == "x" and calls == [[5, 6]]

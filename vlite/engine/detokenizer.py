@@ -2,11 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 # Tokens decoded before the first new one, so a word-piece gets its leading space right.
 _CONTEXT_TOKENS = 5
 _REPLACEMENT_CHAR = "\ufffd"
+
+
+def skip_special_decoder(tokenizer: Any) -> Callable[[list[int]], str]:
+    """``tokenizer.decode(ids, skip_special_tokens=True)``, as fast as it can be had.
+
+    A Hugging Face fast tokenizer's ``decode`` first converts its argument element by
+    element (``to_py_obj``), which costs ~30 us for a few ids: at a batch of 256 decoding
+    two windows per token, that was ~20 ms of every engine step on a GPU. When the Rust
+    tokenizer's own ``decode`` gives the same text (no clean-up of tokenization spaces to
+    apply afterwards), it is called directly; otherwise the full ``decode``.
+    """
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return lambda token_ids: tokenizer.decode(token_ids, skip_special_tokens=True)
+    return lambda token_ids: backend.decode(token_ids, skip_special_tokens=True)
 
 
 class IncrementalDetokenizer:
@@ -29,6 +45,7 @@ class IncrementalDetokenizer:
         self, tokenizer: Any, prompt_token_ids: list[int], stop: list[str], min_tokens: int = 0
     ) -> None:
         self.tokenizer = tokenizer
+        self._decode = skip_special_decoder(tokenizer)
         self.stop = stop
         self.min_tokens = min_tokens
         self.num_output_tokens = 0
@@ -71,9 +88,6 @@ class IncrementalDetokenizer:
         self.prefix_offset = self.read_offset
         self.read_offset = len(self.token_ids)
         return full[len(prefix) :]
-
-    def _decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     def _cut_at_stop_string(self, num_chars_before: int) -> bool:
         # A stop string may straddle the new text and the old, but must end in the new

@@ -1,0 +1,85 @@
+"""The correctness oracle on a CUDA device: greedy float32 tokens equal transformers'.
+
+The CPU suites prove the model code and the backends under the Triton interpreter; this one
+runs the same engine on a GPU (compiled Triton kernels, CUDA tensors, the CUDA KV cache)
+with TF32 off, one batch of prompts crossing block boundaries, then the same prompts again
+through the prefix cache. Skipped without a CUDA device (``pytest -m gpu`` on a GPU host).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from vlite import LLM, SamplingParams
+from vlite.testing.tiny_models import make_tiny_model
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+PROMPT_LENGTHS = (1, 7, 16, 17, 40, 95)
+NUM_NEW_TOKENS = 16
+MODELS = {
+    "llama-gqa-tied": ("LlamaForCausalLM", {"num_kv_heads": 2, "tie_word_embeddings": True}),
+    "qwen3-mha-untied": ("Qwen3ForCausalLM", {"num_kv_heads": 4, "tie_word_embeddings": False}),
+    "mixtral-gqa-untied": (
+        "MixtralForCausalLM",
+        {"num_kv_heads": 2, "tie_word_embeddings": False},
+    ),
+}
+
+
+@pytest.fixture(autouse=True)
+def no_tf32():
+    """Exact float32 matrix products, as the oracle's CPU run computes them."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def cuda_case(request, tmp_path_factory):
+    """A tiny model folder, prompts sharing a 20-token prefix, and transformers' tokens."""
+    architecture, settings = MODELS[request.param]
+    folder = make_tiny_model(tmp_path_factory.mktemp(request.param), architecture, **settings)
+    vocab_size = AutoConfig.from_pretrained(folder).vocab_size
+    rng = random.Random(0)
+    prefix = [rng.randrange(4, vocab_size) for _ in range(20)]
+    prompts = []
+    for length in PROMPT_LENGTHS:
+        tokens = [rng.randrange(4, vocab_size) for _ in range(length)]
+        tokens[: min(length, len(prefix))] = prefix[:length]
+        prompts.append(tokens)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model.generation_config.eos_token_id = None  # like ignore_eos
+    expected = []
+    for prompt in prompts:
+        with torch.no_grad():
+            out = model.generate(
+                torch.tensor([prompt]), max_new_tokens=NUM_NEW_TOKENS, do_sample=False
+            )
+        expected.append(out[0, len(prompt) :].tolist())
+    return folder, prompts, expected
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_cuda_float32_greedy_equals_transformers(cuda_case, backend):
+    folder, prompts, expected = cuda_case
+    llm = LLM(
+        model=str(folder),
+        device="cuda",
+        dtype="float32",
+        attention_backend=backend,
+        num_kv_blocks=64,
+    )
+    params = SamplingParams(max_tokens=NUM_NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    for _ in range(2):  # the second pass is served from the prefix cache
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        assert [list(out.outputs[0].token_ids) for out in outputs] == expected
+    assert llm.llm_engine.engine_core.kv_cache_manager.num_prefix_hit_tokens > 0
