@@ -432,3 +432,72 @@ def test_num_blocks_freed_by_counts_only_blocks_no_other_request_holds():
     kv.free(first)
     kv.free(second)
     assert kv.num_free_blocks == 8
+
+
+# ---- sliding windows -----------------------------------------------------------------
+
+
+def test_blocks_that_leave_every_layers_window_are_released():
+    kv = KVCacheManager(num_blocks=10, block_size=BLOCK_SIZE, sliding_window=BLOCK_SIZE + 1)
+    req = make_request("a", list(range(3 * BLOCK_SIZE)))
+    kv.allocate_slots(req, 3 * BLOCK_SIZE)  # the whole prompt in one step
+    req.num_computed_tokens = 3 * BLOCK_SIZE
+    table = kv.block_ids_of("a")
+    assert kv.num_used_blocks == 3
+    # The next token (position 3 * bs) sees keys >= 2 * bs: the first two blocks go.
+    new = kv.allocate_slots(req, 1)
+    assert new is not None and len(new) == 1
+    assert kv.block_ids_of("a")[:3] == table  # the table keeps its places
+    assert kv.held_block_ids_of("a") == kv.block_ids_of("a")[2:]
+    assert kv.num_used_blocks == 2
+    assert all(kv.blocks[b].ref_count == 0 for b in table[:2])
+
+
+def test_released_blocks_stay_cached_but_are_not_republished_once_reused():
+    kv = KVCacheManager(num_blocks=4, block_size=BLOCK_SIZE, sliding_window=1)
+    a = make_request("a", list(range(2 * BLOCK_SIZE)))
+    kv.allocate_slots(a, 2 * BLOCK_SIZE)
+    a.num_computed_tokens = 2 * BLOCK_SIZE
+    first = kv.block_ids_of("a")[0]
+    kv.allocate_slots(a, 1)  # releases both full blocks (window of 1 token)
+    assert kv.num_cached_blocks == 2  # still cached, still hit-able
+    b = make_request("b", list(range(2 * BLOCK_SIZE)) + [99])
+    assert [blk.block_id for blk in kv.find_cached_prefix(b)] == kv.block_ids_of("a")[:2]
+    # Another request takes every free block: the released ones are evicted and reused.
+    c = make_request("c", [7] * (3 * BLOCK_SIZE))
+    assert kv.allocate_slots(c, 2 * BLOCK_SIZE) is not None
+    a.num_computed_tokens += 1
+    kv.allocate_slots(a, 1)
+    assert first not in {blk.block_id for blk in kv.find_cached_prefix(b)}
+    kv.free(a)
+    kv.free(c)
+    assert kv.num_free_blocks == 4
+
+
+def test_the_most_blocks_a_windowed_request_holds():
+    kv = KVCacheManager(num_blocks=100, block_size=16, sliding_window=12)
+    assert kv.max_blocks_held(170, None) == 11  # a whole recomputation in one step
+    assert kv.max_blocks_held(170, 16) == 3  # window 11 back + 16 new, misaligned
+    assert kv.max_blocks_held(20, 16) == 2
+    assert KVCacheManager(100, 16).max_blocks_held(170, 16) == 11
+
+
+def test_a_backend_without_windows_is_refused_for_a_windowed_model():
+    from vlite.core.engine_core import _check_layer_features, kv_cache_window
+
+    class NoWindows:
+        supports_sliding_window = False
+
+    class Windows:
+        supports_sliding_window = True
+
+    windows = (None, 8, 8, None, 8)
+    with pytest.raises(ValueError, match=r"'plain' cannot .* layers 1-2, 4 .* 8 tokens"):
+        _check_layer_features(windows, None, NoWindows, "plain")
+    with pytest.raises(ValueError, match=r"caps attention scores at 50.0"):
+        _check_layer_features((None,), 50.0, Windows, "windowed")
+    _check_layer_features(windows, None, Windows, "windowed")
+    _check_layer_features((None, None), None, NoWindows, "plain")  # nothing windowed
+    assert kv_cache_window(windows) is None  # a full layer needs every block
+    assert kv_cache_window((8, 16, 8)) == 16
+    assert kv_cache_window(()) is None

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from vlite.core.outputs import ModelRunnerOutput
 from vlite.core.request import RequestStatus
 from vlite.core.scheduling_policy import SchedulingPolicy
@@ -216,13 +218,7 @@ def test_many_requests_under_memory_pressure_all_finish_without_leaks(make_engin
     engine.run(max_steps=500)
 
     assert engine.scheduler.num_preemptions > 0
-    outputs: dict[str, list[int]] = {}
-    for step in engine.steps:
-        for request_id, output in step.outputs.items():
-            outputs.setdefault(request_id, []).extend(output.new_token_ids)
-    assert outputs == expected
-    assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
-    assert all(block.ref_count == 0 for block in engine.kv_cache.blocks)
+    assert_all_finished_without_leaks(engine, expected)
 
 
 # ---- abort -------------------------------------------------------------------------------
@@ -393,3 +389,43 @@ def test_preempting_a_request_scheduled_earlier_in_the_step_caches_none_of_its_n
     ]
     assert [cached.request_id for cached in resumed] == ["a"]
     assert resumed[0].num_computed_tokens <= 8
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_sliding_window_releases_blocks_under_pressure_without_leaks(make_engine, chunked):
+    """Shared prefixes, preemption and (maybe) chunking with blocks leaving a 6-token window:
+    every request finishes with all its tokens, the worker's tables always match the cache's
+    and every block's count matches its holders (checked by the driver each step)."""
+    rng = random.Random(11)
+    engine = make_engine(
+        num_blocks=8 if chunked else 14,
+        block_size=4,
+        max_num_seqs=5,
+        max_num_batched_tokens=12 if chunked else 32,
+        enable_chunked_prefill=chunked,
+        sliding_window=6,
+    )
+    shared = [rng.randrange(1, 300) for _ in range(9)]
+    expected = {}
+    for i in range(12):
+        max_tokens = rng.randrange(4, 30)
+        prompt = shared[: rng.randrange(0, 10)] + [rng.randrange(1, 300) for _ in range(5)]
+        engine.add(f"r{i}", prompt, max_tokens=max_tokens)
+        expected[f"r{i}"] = list(range(1000, 1000 + max_tokens))
+
+    engine.run(max_steps=800)
+
+    assert engine.scheduler.num_preemptions > 0
+    assert engine.kv_cache.num_prefix_hit_tokens > 0
+    assert_all_finished_without_leaks(engine, expected)
+
+
+def assert_all_finished_without_leaks(engine, expected: dict[str, list[int]]) -> None:
+    """Every request produced exactly ``expected[request_id]``; every block is free again."""
+    outputs: dict[str, list[int]] = {}
+    for step in engine.steps:
+        for request_id, output in step.outputs.items():
+            outputs.setdefault(request_id, []).extend(output.new_token_ids)
+    assert outputs == expected
+    assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
+    assert all(block.ref_count == 0 for block in engine.kv_cache.blocks)

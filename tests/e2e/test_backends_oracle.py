@@ -37,6 +37,8 @@ MODELS = {
         {"num_kv_heads": 2, "tie_word_embeddings": True},
     ),
     "olmoe-gqa-untied": ("OlmoeForCausalLM", {"num_kv_heads": 2, "tie_word_embeddings": False}),
+    "gemma2-gqa-tied": ("Gemma2ForCausalLM", {"num_kv_heads": 2, "tie_word_embeddings": True}),
+    "gemma3-mha-untied": ("Gemma3ForCausalLM", {"num_kv_heads": 4, "tie_word_embeddings": False}),
 }
 
 

@@ -44,6 +44,8 @@ MODELS = {
         "Qwen2MoeForCausalLM",
         {"num_kv_heads": 2, "tie_word_embeddings": True},
     ),
+    "gemma2-gqa-tied": ("Gemma2ForCausalLM", {"num_kv_heads": 2, "tie_word_embeddings": True}),
+    "gemma3-mha-untied": ("Gemma3ForCausalLM", {"num_kv_heads": 4, "tie_word_embeddings": False}),
 }
 
 

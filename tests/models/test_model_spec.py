@@ -264,7 +264,7 @@ def test_build_model_takes_weights_from_any_iterator(tiny_folder):
     build_model(*args, load_format="dummy", weights=unused, **options)
 
 
-# ---- sliding windows vlite does not implement yet cap the context ----------------------
+# ---- sliding windows -------------------------------------------------------------------
 
 
 def _with_window(tmp_path, **fields) -> str:
@@ -276,18 +276,50 @@ def _with_window(tmp_path, **fields) -> str:
     return str(folder)
 
 
-def test_a_sliding_window_caps_the_default_context(tmp_path):
+def test_a_sliding_window_no_longer_caps_the_context(tmp_path):
     folder = _with_window(tmp_path, sliding_window=200)
-    assert ModelSpec.from_config(VliteConfig(model=folder)).max_model_len == 200
+    spec = ModelSpec.from_config(VliteConfig(model=folder))
+    assert spec.max_model_len == 512
+    assert spec.sliding_windows == (200, 200)
 
 
-def test_a_context_longer_than_the_window_is_refused_naming_it(tmp_path):
-    folder = _with_window(tmp_path, sliding_window=200)
-    with pytest.raises(ValueError, match="sliding_window=200"):
-        ModelSpec.from_config(VliteConfig(model=folder, max_model_len=300))
-    assert ModelSpec.from_config(VliteConfig(model=folder, max_model_len=150)).max_model_len == 150
-
-
-def test_a_window_the_config_does_not_use_does_not_cap(tmp_path):
+def test_a_window_the_config_does_not_use_windows_no_layer(tmp_path):
     folder = _with_window(tmp_path, sliding_window=200, use_sliding_window=False)
-    assert ModelSpec.from_config(VliteConfig(model=folder)).max_model_len == 512
+    assert ModelSpec.from_config(VliteConfig(model=folder)).sliding_windows == (None, None)
+
+
+@pytest.mark.parametrize(
+    "fields, expected",
+    [
+        ({"sliding_window": None}, (None,) * 4),
+        ({"sliding_window": 8}, (8,) * 4),  # Mistral, Phi-3: every layer
+        ({"sliding_window": 8, "use_sliding_window": False}, (None,) * 4),
+        (  # Qwen2 in transformers 4.x: windowed from max_window_layers on
+            {"sliding_window": 8, "use_sliding_window": True, "max_window_layers": 3},
+            (None, None, None, 8),
+        ),
+        (  # Gemma: per-layer types win
+            {
+                "sliding_window": 8,
+                "layer_types": ["sliding_attention", "full_attention"] * 2,
+            },
+            (8, None, 8, None),
+        ),
+    ],
+)
+def test_layer_windows_from_each_config_spelling(fields, expected):
+    from types import SimpleNamespace
+
+    from vlite.models.spec import layer_sliding_windows
+
+    assert layer_sliding_windows(SimpleNamespace(num_hidden_layers=4, **fields)) == expected
+
+
+def test_layer_types_of_the_wrong_length_are_refused():
+    from types import SimpleNamespace
+
+    from vlite.models.spec import layer_sliding_windows
+
+    config = SimpleNamespace(num_hidden_layers=3, sliding_window=4, layer_types=["full_attention"])
+    with pytest.raises(ValueError, match="1 layer_types for 3 layers"):
+        layer_sliding_windows(config)

@@ -1,12 +1,9 @@
-"""Phi-3: fused checkpoint projections, partial rotary, and what is refused."""
+"""Phi-3: fused checkpoint projections and what is refused (LongRoPE: test_phi3_longrope)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from vlite import LLM
 from vlite.core.plugins import PluginRegistry, build_plugin_manager
 from vlite.models.phi3 import ARCHITECTURE, Phi3ForCausalLM
 from vlite.testing.tiny_models import make_tiny_model
@@ -15,24 +12,6 @@ from vlite.testing.tiny_models import make_tiny_model
 def test_the_architecture_is_a_built_in_model_plugin():
     registry = PluginRegistry(build_plugin_manager(load_entry_points=False))
     assert registry.get("model", ARCHITECTURE) is Phi3ForCausalLM
-
-
-def test_longrope_is_refused_naming_it(tmp_path):
-    folder = make_tiny_model(tmp_path / "phi3", ARCHITECTURE)
-    config_path = folder / "config.json"
-    config = json.loads(config_path.read_text())
-    head = config["hidden_size"] // config["num_attention_heads"]
-    config["rope_parameters"] = {
-        "rope_type": "longrope",
-        "rope_theta": 10000.0,
-        "partial_rotary_factor": 0.5,
-        "short_factor": [1.0] * (head // 4),
-        "long_factor": [2.0] * (head // 4),
-        "original_max_position_embeddings": 256,
-    }
-    config_path.write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="rope_type='longrope' is not supported"):
-        LLM(model=str(folder))
 
 
 def test_a_fused_matrix_of_the_wrong_size_is_refused(tmp_path):

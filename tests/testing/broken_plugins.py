@@ -72,11 +72,11 @@ class AbortLeakingScheduler(Api1FcfsScheduler):
 class LastCachedBlockDroppingBackend(TorchAttentionBackend):
     """Leaves the last full block of a cached prefix out when new tokens attend to it."""
 
-    def _prefill(self, query, kv_cache, block_table, seq_len):
+    def _prefill(self, query, kv_cache, block_table, seq_len, window=None, soft_cap=None):
         query_len = query.shape[0]
         num_cached_blocks = (seq_len - query_len) // self.block_size
-        if num_cached_blocks == 0:
-            return super()._prefill(query, kv_cache, block_table, seq_len)
+        if num_cached_blocks == 0 or window is not None or soft_cap is not None:
+            return super()._prefill(query, kv_cache, block_table, seq_len, window, soft_cap)
         num_blocks = -(-seq_len // self.block_size)
         keys, values = self._gather_context(kv_cache, block_table[None], num_blocks)
         keys = keys[:, :, :seq_len].to(query.dtype)
@@ -99,6 +99,20 @@ class ScaleIgnoringBackend(TorchAttentionBackend):
 
     def __init__(self, num_heads, num_kv_heads, head_dim, scale, block_size) -> None:
         super().__init__(num_heads, num_kv_heads, head_dim, head_dim**-0.5, block_size)
+
+
+class WindowIgnoringBackend(TorchAttentionBackend):
+    """Claims sliding windows, then attends over the whole context."""
+
+    def forward(self, *args, sliding_window=None, logits_soft_cap=None):
+        return super().forward(*args, logits_soft_cap=logits_soft_cap)
+
+
+class SoftCapIgnoringBackend(TorchAttentionBackend):
+    """Claims the logit soft cap, then leaves the scores uncapped."""
+
+    def forward(self, *args, sliding_window=None, logits_soft_cap=None):
+        return super().forward(*args, sliding_window=sliding_window)
 
 
 class TopKIgnoringSampler(DefaultSampler):
@@ -165,6 +179,8 @@ def register_schedulers(register) -> None:
 def register_attention_backends(register) -> None:
     register("last-cached-block-dropping", LastCachedBlockDroppingBackend)
     register("scale-ignoring", ScaleIgnoringBackend)
+    register("window-ignoring", WindowIgnoringBackend)
+    register("soft-cap-ignoring", SoftCapIgnoringBackend)
 
 
 @hookimpl

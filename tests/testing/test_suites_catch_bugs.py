@@ -123,6 +123,31 @@ def test_attention_suite_catches_a_backend_that_ignores_the_scale(pytester):
     assert outcomes["test_matches_dense_attention_decoding_only"] == "passed"
 
 
+def test_attention_suite_catches_a_backend_that_ignores_the_window(pytester):
+    outcomes = run_suite(pytester, "AttentionBackendConformance", "window-ignoring")
+    assert_caught(
+        outcomes,
+        {
+            f"test_sliding_window_matches_dense_attention[{window}]"
+            for window in ("1", "block-1", "block+3", "3blocks")
+        }
+        | {"test_logits_soft_cap_matches_dense_attention[5]"},
+    )
+    assert outcomes["test_logits_soft_cap_matches_dense_attention[None]"] == "passed"
+
+
+def test_attention_suite_catches_a_backend_that_ignores_the_soft_cap(pytester):
+    outcomes = run_suite(pytester, "AttentionBackendConformance", "soft-cap-ignoring")
+    assert_caught(
+        outcomes,
+        {
+            "test_logits_soft_cap_matches_dense_attention[None]",
+            "test_logits_soft_cap_matches_dense_attention[5]",
+        },
+    )
+    assert outcomes["test_sliding_window_matches_dense_attention[3blocks]"] == "passed"
+
+
 def test_sampler_suite_catches_a_sampler_that_ignores_top_k(pytester):
     outcomes = run_suite(pytester, "SamplerConformance", "top-k-ignoring")
     assert_caught(

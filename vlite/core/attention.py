@@ -32,6 +32,9 @@ class AttentionMetadata:
         max_seq_len: Largest context length in the batch (host int).
         query_lens_cpu: Query length per sequence as host ints (for backends that loop).
         seq_lens_cpu: Context length per sequence as host ints.
+        use_long_rope: ``[num_tokens]`` bool, only for a model with LongRoPE scaling
+            (``None`` otherwise; backends ignore it): the token is rotated with the
+            long-context factors (see :mod:`vlite.models.longrope`).
     """
 
     slot_mapping: torch.Tensor
@@ -42,6 +45,7 @@ class AttentionMetadata:
     max_seq_len: int
     query_lens_cpu: list[int]
     seq_lens_cpu: list[int]
+    use_long_rope: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -72,6 +76,14 @@ class AttentionBackend(ABC):
     supported_head_dims: tuple[int, ...] | None = None
     #: Block sizes the backend supports; ``None``: any power of two.
     supported_block_sizes: tuple[int, ...] | None = None
+    #: Whether :meth:`forward` takes ``sliding_window`` (a layer whose tokens see only the
+    #: last ``sliding_window`` positions). The engine refuses a windowed model for a backend
+    #: without it, and passes the keyword only for windowed layers, so a backend written
+    #: before windows existed keeps working for every other model.
+    supports_sliding_window: bool = False
+    #: Whether :meth:`forward` takes ``logits_soft_cap`` (Gemma 2 caps attention scores at
+    #: ``cap * tanh(score / cap)``); refused and passed like ``sliding_window``.
+    supports_logits_soft_cap: bool = False
 
     def __init__(
         self,
@@ -110,6 +122,9 @@ class AttentionBackend(ABC):
         value: torch.Tensor,
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
+        *,
+        sliding_window: int | None = None,
+        logits_soft_cap: float | None = None,
     ) -> torch.Tensor:
         """Write the new keys/values into ``kv_cache`` and attend.
 
@@ -119,8 +134,18 @@ class AttentionBackend(ABC):
             value: ``[num_tokens, num_kv_heads, head_dim]``.
             kv_cache: this layer's cache, shaped by :meth:`kv_cache_shape`.
             metadata: the step's :class:`AttentionMetadata`.
+            sliding_window: this layer's window (passed only when set, and only to a
+                backend with :attr:`supports_sliding_window`): the query at position ``p``
+                sees keys ``p - sliding_window < k <= p``. Cache blocks wholly before the
+                first query's window may already hold another request's tokens, so a
+                backend must not let them into a result (masked scores of finite values
+                are fine: the cache is zero-initialised and only ever holds keys/values).
+            logits_soft_cap: the layer's soft cap (passed only when set, and only to a
+                backend with :attr:`supports_logits_soft_cap`): each score ``s = scale *
+                q.k`` becomes ``cap * tanh(s / cap)`` before masking and the softmax.
 
         Returns:
             ``[num_tokens, num_heads, head_dim]``: each query attends causally to its own
-            sequence's context (cached tokens and new tokens up to and including itself).
+            sequence's context (cached tokens and new tokens up to and including itself,
+            the last ``sliding_window`` of them when windowed).
         """

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 from vlite.core.config import VliteConfig
 from vlite.core.errors import InvalidRequestError
 from vlite.core.executor import Executor
@@ -48,6 +50,69 @@ def _check_prefix_caching(
         )
 
 
+def _without_conflicting_prefix_caching(
+    config: VliteConfig, model_spec: ModelDescription
+) -> VliteConfig:
+    """``config``, with prefix caching off when the model's cached blocks cannot be shared.
+
+    Refused when the caller set ``enable_prefix_caching=True`` explicitly; the default is
+    turned off with a warning naming why.
+    """
+    conflict = model_spec.prefix_caching_conflict
+    if conflict is None or not config.enable_prefix_caching:
+        return config
+    if "enable_prefix_caching" in config.model_fields_set:
+        raise ValueError(
+            f"enable_prefix_caching=True cannot be exact for this model: {conflict}; turn it "
+            "off (--no-prefix-caching)"
+        )
+    warnings.warn(f"prefix caching is off for this model: {conflict}", stacklevel=3)
+    return config.model_copy(update={"enable_prefix_caching": False})
+
+
+def _check_layer_features(
+    windows: tuple[int | None, ...],
+    soft_cap: float | None,
+    attention_cls: type,
+    attention_name: str,
+) -> None:
+    """Refuse a windowed or soft-capped model for an attention backend without it."""
+    windowed = [index for index, window in enumerate(windows) if window is not None]
+    needs = []
+    if windowed and not getattr(attention_cls, "supports_sliding_window", False):
+        needs.append(
+            f"its layers {_ranges(windowed)} attend over a sliding window of "
+            f"{windows[windowed[0]]} tokens (supports_sliding_window = False)"
+        )
+    if soft_cap is not None and not getattr(attention_cls, "supports_logits_soft_cap", False):
+        needs.append(f"it caps attention scores at {soft_cap} (supports_logits_soft_cap = False)")
+    if needs:
+        raise ValueError(
+            f"attention backend {attention_name!r} cannot run this model: "
+            + "; ".join(needs)
+            + "; use --attn auto, torch, cpu, triton or flash"
+        )
+
+
+def kv_cache_window(windows: tuple[int | None, ...]) -> int | None:
+    """The window the KV-cache manager may free blocks by: the largest, when every layer
+    has one (a block is dropped only once no layer can see it); else ``None``."""
+    if not windows or any(window is None for window in windows):
+        return None
+    return max(windows)
+
+
+def _ranges(indices: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    runs: list[list[int]] = []
+    for index in indices:
+        if runs and index == runs[-1][1] + 1:
+            runs[-1][1] = index
+        else:
+            runs.append([index, index])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
 def _check_architecture(registry: PluginRegistry, architecture: str) -> None:
     """Refuse, before any worker loads weights, a model no plugin implements."""
     supported = registry.names("model")
@@ -75,6 +140,7 @@ class EngineCore:
         model_spec: ModelDescription,
         registry: PluginRegistry | None = None,
     ) -> None:
+        config = _without_conflicting_prefix_caching(config, model_spec)
         self.config = config
         self.registry = registry or PluginRegistry(build_plugin_manager())
         scheduler_cls = self.registry.get("scheduler", config.scheduler)
@@ -108,12 +174,19 @@ class EngineCore:
             _check_prefix_caching(
                 config, limits, scheduler_cls, attention_cls, self.attention_backend_name
             )
+            windows = tuple(model_spec.sliding_windows)
+            _check_layer_features(
+                windows,
+                model_spec.attention_logit_soft_cap,
+                attention_cls,
+                self.attention_backend_name,
+            )
             num_blocks = self.executor.initialize_kv_cache()
         except BaseException:
             self.executor.shutdown()
             raise
         self.kv_cache_manager = KVCacheManager(
-            num_blocks, config.block_size, config.enable_prefix_caching
+            num_blocks, config.block_size, config.enable_prefix_caching, kv_cache_window(windows)
         )
         self.scheduler: Scheduler = build_scheduler(scheduler_cls, limits, self.kv_cache_manager)
         self._step_observers: list[StepObserver] = []
@@ -149,7 +222,8 @@ class EngineCore:
                 "is off (enable_chunked_prefill=True, --enable-chunked-prefill, splits it)"
             )
         max_total = min(num_prompt + core_request.sampling_params.max_tokens, limits.max_model_len)
-        num_blocks = self.kv_cache_manager.num_blocks_for(max_total)
+        step_tokens = limits.max_num_batched_tokens if self.scheduler.chunks_prefills else None
+        num_blocks = self.kv_cache_manager.max_blocks_held(max_total, step_tokens)
         if num_blocks > self.kv_cache_manager.num_blocks:
             raise InvalidRequestError(
                 f"request {core_request.request_id!r} may need {num_blocks} KV-cache blocks "

@@ -13,6 +13,13 @@ and which would serve one request another's cached keys and values). A block
 whose reference count falls to zero keeps its hash and contents and goes to the tail of
 the free queue; allocation takes from the head, so the least recently freed cached block
 is evicted first, and a later request can revive a cached block until it is evicted.
+
+Sliding windows: when every layer of the model attends only to its last ``sliding_window``
+tokens, a block that lies wholly before the window of a request's next token is never read
+again. Each allocation releases such blocks (vLLM's sliding-window manager), so a long
+generation holds about ``sliding_window / block_size + 1`` blocks however long it runs.
+A released block keeps its place in the request's block table (the worker's copy is never
+read there) and its prefix hash (it may still serve a later prefix hit until evicted).
 """
 
 from __future__ import annotations
@@ -61,13 +68,24 @@ class KVCacheManager:
         num_blocks: Physical blocks in the cache.
         block_size: Token slots per block.
         enable_prefix_caching: Share and keep full blocks by prefix hash.
+        sliding_window: When every layer attends only to its last ``sliding_window`` tokens
+            (the largest window, if they differ): release blocks that fall out of it.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        sliding_window: int | None = None,
+    ):
         if num_blocks < 1:
             raise ValueError(f"num_blocks={num_blocks} is invalid: must be >= 1")
         if block_size < 1:
             raise ValueError(f"block_size={block_size} is invalid: must be >= 1")
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window={sliding_window} is invalid: must be >= 1")
+        self.sliding_window = sliding_window
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -75,9 +93,11 @@ class KVCacheManager:
         # Blocks with ref_count 0, least recently freed first.
         self._free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._cached_blocks: dict[BlockHash, KVCacheBlock] = {}
-        # Per request: its blocks and the hashes of its full blocks so far.
+        # Per request: its block table, the hashes of its full blocks so far, and how many
+        # leading blocks of the table it has released (out of the sliding window).
         self._request_blocks: dict[str, list[KVCacheBlock]] = {}
         self._request_hashes: dict[str, list[BlockHash]] = {}
+        self._num_released: dict[str, int] = {}
         self.num_prefix_hit_tokens = 0
         self.num_prefix_queried_tokens = 0
 
@@ -99,8 +119,39 @@ class KVCacheManager:
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def max_blocks_held(self, num_tokens: int, max_tokens_per_step: int | None) -> int:
+        """The most blocks a request of ``num_tokens`` tokens can hold at once.
+
+        Without a sliding window: all of them. With one, a step computing ``n`` tokens holds
+        the window before its first token plus the blocks of the ``n`` tokens; when no step
+        computes more than ``max_tokens_per_step`` tokens (chunked prefill), that bounds it.
+        ``None``: a step may compute every token (a whole prompt, or a preempted request's
+        recomputation).
+        """
+        every_block = self.num_blocks_for(num_tokens)
+        if self.sliding_window is None or max_tokens_per_step is None:
+            return every_block
+        span = self.sliding_window - 1 + max_tokens_per_step
+        return min(every_block, self.num_blocks_for(span) + 1)
+
     def block_ids_of(self, request_id: str) -> list[int]:
+        """The request's block table as the worker has it (released blocks included)."""
         return [block.block_id for block in self._request_blocks.get(request_id, [])]
+
+    def held_block_ids_of(self, request_id: str) -> list[int]:
+        """The blocks the request holds a reference to (its table less released blocks)."""
+        return [block.block_id for block in self._held(request_id)]
+
+    def _held(self, request_id: str) -> list[KVCacheBlock]:
+        blocks = self._request_blocks.get(request_id, [])
+        return blocks[self._num_released.get(request_id, 0) :]
+
+    def _window_start_block(self, first_query_position: int) -> int:
+        """Blocks wholly before the window of the token at ``first_query_position`` (0
+        without a sliding window): the query at ``p`` sees keys ``> p - sliding_window``."""
+        if self.sliding_window is None:
+            return 0
+        return max(0, first_query_position - self.sliding_window + 1) // self.block_size
 
     # ---- prefix cache lookup -------------------------------------------------------
 
@@ -153,21 +204,42 @@ class KVCacheManager:
         newly added to the request's table, or ``None`` (and changes nothing) when there
         are not enough free blocks.
         """
-        held = self._request_blocks.setdefault(request.request_id, [])
+        request_id = request.request_id
+        held = self._request_blocks.setdefault(request_id, [])
         if cached_prefix and held:
-            raise ValueError(f"request {request.request_id!r} already holds blocks")
+            raise ValueError(f"request {request_id!r} already holds blocks")
         if self.num_blocks_short(request, num_new_tokens, cached_prefix) > 0:
             return None
         num_computed = len(cached_prefix) * self.block_size or request.num_computed_tokens
+        window_start = self._window_start_block(num_computed)
         num_to_take = self._num_blocks_to_take(request, num_new_tokens, cached_prefix)
+        if cached_prefix:
+            # Hits before the window are listed in the table but never referenced.
+            for block in cached_prefix[window_start:]:
+                self._take_reference(block)
+            self._num_released[request_id] = window_start
+        else:
+            self._release_before(request_id, window_start)
         new_blocks = list(cached_prefix)
-        for block in cached_prefix:
-            self._take_reference(block)
         new_blocks += [self._pop_free_block() for _ in range(max(num_to_take, 0))]
         held += new_blocks
         if self.enable_prefix_caching:
             self._cache_full_blocks(request, held, num_computed + num_new_tokens)
         return [block.block_id for block in new_blocks]
+
+    def _release_before(self, request_id: str, window_start: int) -> None:
+        """Drop the request's references to its blocks before ``window_start``."""
+        num_released = self._num_released.get(request_id, 0)
+        if window_start <= num_released:
+            return
+        for block in self._request_blocks[request_id][num_released:window_start]:
+            self._drop_reference(block)
+        self._num_released[request_id] = window_start
+
+    def _drop_reference(self, block: KVCacheBlock) -> None:
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            self._free_queue[block.block_id] = None
 
     def num_blocks_short(
         self,
@@ -177,8 +249,17 @@ class KVCacheManager:
     ) -> int:
         """How many more free blocks :meth:`allocate_slots` would need (0: it fits now)."""
         num_to_take = self._num_blocks_to_take(request, num_new_tokens, cached_prefix)
-        num_revived = sum(1 for block in cached_prefix if block.ref_count == 0)
-        return max(0, num_to_take + num_revived - self.num_free_blocks)
+        num_computed = len(cached_prefix) * self.block_size or request.num_computed_tokens
+        window_start = self._window_start_block(num_computed)
+        if cached_prefix:
+            in_window = cached_prefix[window_start:]
+            num_revived = sum(1 for block in in_window if block.ref_count == 0)
+            return max(0, num_to_take + num_revived - self.num_free_blocks)
+        request_id = request.request_id
+        num_released = self._num_released.get(request_id, 0)
+        leaving = self._request_blocks.get(request_id, [])[num_released:window_start]
+        num_freed = sum(1 for block in leaving if block.ref_count == 1)
+        return max(0, num_to_take - num_freed - self.num_free_blocks)
 
     def _num_blocks_to_take(
         self, request: Request, num_new_tokens: int, cached_prefix: Sequence[KVCacheBlock]
@@ -199,7 +280,7 @@ class KVCacheManager:
         """
         references: dict[int, int] = {}
         for request in requests:
-            for block in self._request_blocks.get(request.request_id, []):
+            for block in self._held(request.request_id):
                 references[block.block_id] = references.get(block.block_id, 0) + 1
         kept = {block.block_id for block in keep}
         return sum(
@@ -223,10 +304,12 @@ class KVCacheManager:
     def _cache_full_blocks(
         self, request: Request, held: list[KVCacheBlock], num_known_tokens: int
     ) -> None:
-        """Publish the request's blocks that are full once this step's tokens are written."""
+        """Publish the request's blocks that are full once this step's tokens are written
+        (not released ones: another request may own them by now)."""
         num_full = min(num_known_tokens // self.block_size, len(held))
         hashes = self._ensure_hashes(request, num_full)
-        for block, block_hash in zip(held[:num_full], hashes[:num_full]):
+        first = self._num_released.get(request.request_id, 0)
+        for block, block_hash in zip(held[first:num_full], hashes[first:num_full]):
             if block.block_hash is None:
                 block.block_hash = block_hash
                 self._cached_blocks.setdefault(block_hash, block)
@@ -246,10 +329,11 @@ class KVCacheManager:
         """
         blocks = self._request_blocks.pop(request.request_id, [])
         self._request_hashes.pop(request.request_id, None)
+        num_released = self._num_released.pop(request.request_id, 0)
         num_valid_blocks = len(blocks)
         if num_computed_tokens is not None:
             num_valid_blocks = num_computed_tokens // self.block_size
-        for index in range(len(blocks) - 1, -1, -1):
+        for index in range(len(blocks) - 1, num_released - 1, -1):
             block = blocks[index]
             block.ref_count -= 1
             if block.ref_count == 0:

@@ -33,6 +33,23 @@ class ModelDescription(Protocol):
         """Values per attention head (the attention backend's shape)."""
         ...
 
+    @property
+    def sliding_windows(self) -> tuple[int | None, ...]:
+        """Each layer's attention window in tokens (a token sees the last ``window``
+        positions, itself included), ``None`` for a layer that sees the whole context."""
+        ...
+
+    @property
+    def attention_logit_soft_cap(self) -> float | None:
+        """The cap of the model's attention scores (``cap * tanh(score / cap)``), if any."""
+        ...
+
+    @property
+    def prefix_caching_conflict(self) -> str | None:
+        """Why the model's cached KV blocks cannot be shared between requests (the engine
+        then runs without prefix caching), or ``None``."""
+        ...
+
     def quantization_plan(self, setting: str, device: torch.device) -> Any:
         """Which weights stay quantized for ``setting`` on ``device`` (``describe(dtype)``
         gives the line ``vlite run`` prints)."""

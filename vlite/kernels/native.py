@@ -264,7 +264,7 @@ class PagedAttentionKernel:
         ptr, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
         lib.vl_paged_attention.argtypes = [ptr, i64, i64] * 3 + [ptr, i64, ptr, ptr]
         lib.vl_paged_attention.argtypes += [ptr, i64, ptr, ptr, i64, i64, i64, i64, i64, f32]
-        lib.vl_paged_attention.argtypes += [ptr, i32]
+        lib.vl_paged_attention.argtypes += [i64, ptr, i32]
         lib.vl_paged_attention.restype = i32
         self._lib = lib
 
@@ -282,9 +282,9 @@ class PagedAttentionKernel:
         ``slot_mapping`` ``[T]`` int64; ``block_tables`` ``[S, B]``, ``seq_lens`` ``[S]``
         and ``query_start_loc`` ``[S + 1]`` int32. The function takes ``query``
         ``[T, H, D]``, ``key`` and ``value`` ``[T, Hkv, D]`` (any token/head strides, unit
-        stride within a head) and ``kv_cache`` ``[2, num_blocks, block_size, Hkv, D]``
-        (contiguous), writes the keys and values at ``slot_mapping``, attends and returns
-        ``[T, H, D]``.
+        stride within a head), ``kv_cache`` ``[2, num_blocks, block_size, Hkv, D]``
+        (contiguous) and an optional ``sliding_window`` (keys ``(p - window, p]``), writes the
+        keys and values at ``slot_mapping``, attends and returns ``[T, H, D]``.
         """
         _require(block_tables, seq_lens, query_start_loc, dtype=torch.int32)
         _require(slot_mapping, dtype=torch.int64)
@@ -300,7 +300,11 @@ class PagedAttentionKernel:
         call = self._lib.vl_paged_attention
 
         def attend(
-            query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor
+            query: torch.Tensor,
+            key: torch.Tensor,
+            value: torch.Tensor,
+            kv_cache: torch.Tensor,
+            sliding_window: int | None = None,
         ) -> torch.Tensor:
             _, num_heads, head_dim = query.shape
             num_kv_heads = key.shape[1]
@@ -322,7 +326,7 @@ class PagedAttentionKernel:
                 block_tables.data_ptr(), block_tables.stride(0),
                 seq_lens.data_ptr(), query_start_loc.data_ptr(), num_seqs,
                 num_heads, num_kv_heads, head_dim, kv_cache.shape[2],
-                scale, out.data_ptr(), torch.get_num_threads(),
+                scale, sliding_window or 0, out.data_ptr(), torch.get_num_threads(),
             )  # fmt: skip
             if status != 0:
                 raise RuntimeError(

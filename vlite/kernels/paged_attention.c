@@ -6,7 +6,9 @@
  * Layout (vlite's default cache): k_cache and v_cache are [num_blocks * block_size,
  * num_kv_heads, head_dim]; slot = block_id * block_size + offset. Token t of sequence s
  * (rows query_start_loc[s] .. query_start_loc[s + 1]) sits at position
- * seq_lens[s] - query_len + (t - query_start_loc[s]) and sees keys 0 .. position.
+ * seq_lens[s] - query_len + (t - query_start_loc[s]) and sees keys 0 .. position (with a
+ * sliding window > 0, keys position - window + 1 .. position: the loops start at the first
+ * visible key's group and mask the keys before it).
  *
  * Work item = (token, KV head): the query heads that share the KV head are done together,
  * with an online softmax that is rescaled once per group of keys. With AVX-512 and a head
@@ -88,7 +90,7 @@ static inline __m512 lane_sums16(const __m512 v[16]) {
  */
 static inline __attribute__((always_inline)) void attend16(
     const int DV, const float *q, int64_t q_tok_stride, int64_t q_head_stride, int64_t t,
-    int64_t g, int64_t position, const int32_t *table, const float *k_cache,
+    int64_t g, int64_t position, int64_t first_key, const int32_t *table, const float *k_cache,
     const float *v_cache, int64_t Hkv, int64_t group, int64_t block_size, float scale,
     float *out) {
     const int64_t D = 16 * DV, row = Hkv * D; /* floats from one cache slot to the next */
@@ -101,9 +103,10 @@ static inline __attribute__((always_inline)) void attend16(
     }
     const __m512 scale16 = _mm512_set1_ps(scale);
     const int64_t num_keys = position + 1;
-    for (int64_t first = 0; first < num_keys; first += 16) {
+    for (int64_t first = first_key & ~(int64_t)15; first < num_keys; first += 16) {
         const int64_t n = num_keys - first < 16 ? num_keys - first : 16;
-        const __mmask16 valid = n == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+        __mmask16 valid = n == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+        if (first < first_key) valid &= (__mmask16) ~((1u << (first_key - first)) - 1);
         const int64_t slot = (int64_t)table[first / block_size] * block_size + first % block_size;
         const float *keys = k_cache + slot * row + g * D, *values = v_cache + slot * row + g * D;
         for (int64_t h = 0; h < group; h++) {
@@ -182,7 +185,8 @@ static void write_rows(const float *src, int64_t tok_stride, int64_t head_stride
 }
 
 static void attend(const float *q, int64_t q_tok_stride, int64_t q_head_stride, int64_t t,
-                   int64_t g, int64_t position, const int32_t *table, const float *k_cache,
+                   int64_t g, int64_t position, int64_t first_key, const int32_t *table,
+                   const float *k_cache,
                    const float *v_cache, int64_t Hkv, int64_t group, int64_t D,
                    int64_t block_size, float scale, float *out) {
     float acc[MAX_GROUP_VALUES];
@@ -193,15 +197,18 @@ static void attend(const float *q, int64_t q_tok_stride, int64_t q_head_stride, 
         running_sum[h] = 0.0f;
     }
     const int64_t num_keys = position + 1;
-    for (int64_t first = 0; first < num_keys; first += block_size) {
+    for (int64_t first = first_key - first_key % block_size; first < num_keys;
+         first += block_size) {
         const int64_t n = num_keys - first < block_size ? num_keys - first : block_size;
+        const int64_t hidden = first < first_key ? first_key - first : 0; /* before the window */
         const int64_t base_slot = (int64_t)table[first / block_size] * block_size;
         for (int64_t h = 0; h < group; h++) {
             const float *qh = q + t * q_tok_stride + (g * group + h) * q_head_stride;
             float *s = scores + h * block_size;
             float tile_max = -INFINITY;
             for (int64_t j = 0; j < n; j++) {
-                s[j] = dot(qh, k_cache + ((base_slot + j) * Hkv + g) * D, D) * scale;
+                s[j] = j < hidden ? -INFINITY
+                                  : dot(qh, k_cache + ((base_slot + j) * Hkv + g) * D, D) * scale;
                 if (s[j] > tile_max) tile_max = s[j];
             }
             const float new_max = tile_max > running_max[h] ? tile_max : running_max[h];
@@ -229,13 +236,14 @@ static void attend(const float *q, int64_t q_tok_stride, int64_t q_head_stride, 
 
 /* attend16 for the head sizes models use (64, 128, ...), attend for the rest. */
 static void attend_any(const float *q, int64_t q_tok_stride, int64_t q_head_stride, int64_t t,
-                       int64_t g, int64_t position, const int32_t *table, const float *k_cache,
+                       int64_t g, int64_t position, int64_t first_key, const int32_t *table,
+                       const float *k_cache,
                        const float *v_cache, int64_t Hkv, int64_t group, int64_t D,
                        int64_t block_size, float scale, float *out) {
 #if defined(__AVX512F__)
 #define ATTEND16(DV)                                                                         \
-    attend16(DV, q, q_tok_stride, q_head_stride, t, g, position, table, k_cache, v_cache, Hkv, \
-             group, block_size, scale, out)
+    attend16(DV, q, q_tok_stride, q_head_stride, t, g, position, first_key, table, k_cache,   \
+             v_cache, Hkv, group, block_size, scale, out)
     if (block_size % 16 == 0) switch (D) {
             case 32: ATTEND16(2); return;
             case 64: ATTEND16(4); return;
@@ -243,8 +251,8 @@ static void attend_any(const float *q, int64_t q_tok_stride, int64_t q_head_stri
         }
 #undef ATTEND16
 #endif
-    attend(q, q_tok_stride, q_head_stride, t, g, position, table, k_cache, v_cache, Hkv, group,
-           D, block_size, scale, out);
+    attend(q, q_tok_stride, q_head_stride, t, g, position, first_key, table, k_cache, v_cache,
+           Hkv, group, D, block_size, scale, out);
 }
 
 /* Returns 0, or -1 when a shape exceeds the kernel's stack buffers. */
@@ -255,7 +263,7 @@ int vl_paged_attention(const float *q, int64_t q_tok_stride, int64_t q_head_stri
                        const int32_t *block_tables, int64_t table_stride,
                        const int32_t *seq_lens, const int32_t *query_start_loc,
                        int64_t num_seqs, int64_t H, int64_t Hkv, int64_t D, int64_t block_size,
-                       float scale, float *out, int num_threads) {
+                       float scale, int64_t window, float *out, int num_threads) {
     const int64_t group = H / Hkv;
     if (group > 64 || block_size > 64 || group * D > MAX_GROUP_VALUES) return -1;
     write_rows(k_new, k_tok_stride, k_head_stride, slot_mapping, T, Hkv, D, k_cache);
@@ -273,6 +281,7 @@ int vl_paged_attention(const float *q, int64_t q_tok_stride, int64_t q_head_stri
     for (int64_t t = 0; t < T; t++)
         for (int64_t g = 0; g < Hkv; g++)
             attend_any(q, q_tok_stride, q_head_stride, t, g, position[t],
+                       window > 0 && position[t] + 1 > window ? position[t] + 1 - window : 0,
                        block_tables + seq_of[t] * table_stride, k_cache, v_cache, Hkv, group, D,
                        block_size, scale, out);
     free(seq_of);

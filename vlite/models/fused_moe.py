@@ -11,9 +11,28 @@ Expert parallelism: with a ``tp_group`` of world size ``n``, rank ``r`` holds wh
 ``[r * E / n, (r + 1) * E / n)``, computes their share of every token's output, and one
 all-reduce sums the shares. Routing is computed on every rank from the same replicated
 router, so all ranks agree on it without communicating.
+
+Two implementations of the experts' computation, chosen by ``FusedMoE.impl``:
+
+- ``"torch"``: the loop over experts above (the reference);
+- ``"triton"``: a grouped GEMM in Triton (:mod:`vlite.models.moe_kernels`): the pairs are
+  aligned into per-expert blocks and two launches compute every expert at once, the first
+  fusing ``SiLU(gate) * up``, the second the routed weights. float32 is computed exactly
+  (no tf32); bfloat16 and float16 accumulate in float32. On CPU tensors it runs under the
+  Triton interpreter (slow; for tests);
+- ``"auto"`` (default): ``"triton"`` for CUDA tensors in float32, bfloat16 or float16 when
+  ``triton`` is installed, ``"torch"`` otherwise.
+
+The environment variable ``VLITE_MOE_IMPL`` (``auto``, ``torch`` or ``triton``) sets the
+default of every layer built after it is set, e.g. ``VLITE_MOE_IMPL=torch vlite ...`` to
+compare with the reference, or ``VLITE_MOE_IMPL=triton`` to run the kernels on CPU.
 """
 
 from __future__ import annotations
+
+import functools
+import importlib.util
+import os
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +42,30 @@ from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 
 #: The checkpoint's names for an expert's three matrices, by role (Mixtral: w1, w3, w2).
 PIECES = ("gate", "up", "down")
+
+#: The implementations of the experts' computation (see the module docstring).
+IMPLS = ("auto", "torch", "triton")
+#: The environment variable giving the default implementation.
+IMPL_ENV = "VLITE_MOE_IMPL"
+#: The dtypes the Triton implementation computes in.
+TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@functools.cache
+def triton_is_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def check_impl(impl: str, source: str = "impl") -> str:
+    """``impl`` if it is one of :data:`IMPLS`, else a ``ValueError`` naming ``source``."""
+    if impl not in IMPLS:
+        raise ValueError(f"unknown MoE implementation {source}={impl!r}; expected one of {IMPLS}")
+    return impl
+
+
+def default_impl() -> str:
+    """The implementation :data:`IMPL_ENV` names (``"auto"`` when it is unset or empty)."""
+    return check_impl(os.environ.get(IMPL_ENV) or "auto", IMPL_ENV)
 
 
 def route(
@@ -47,6 +90,8 @@ class FusedMoE(nn.Module):
         hidden_size, intermediate_size: one expert's input/output and inner widths.
         renormalize: whether the top-k weights are rescaled to sum to 1.
         tp_group: the ranks the experts are spread over (whole experts per rank).
+        impl: ``"auto"``, ``"torch"`` or ``"triton"`` (see the module docstring); default:
+            :data:`IMPL_ENV`'s value, else ``"auto"``. Settable later as ``moe.impl``.
     """
 
     def __init__(
@@ -57,8 +102,10 @@ class FusedMoE(nn.Module):
         intermediate_size: int,
         renormalize: bool,
         tp_group: TensorParallelGroup = SINGLE_RANK,
+        impl: str | None = None,
     ) -> None:
         super().__init__()
+        self.impl = default_impl() if impl is None else impl
         if num_experts % tp_group.world_size:
             raise ValueError(
                 f"{num_experts} experts do not split over tensor_parallel_size="
@@ -77,6 +124,15 @@ class FusedMoE(nn.Module):
 
     #: Its parameters are filled by :meth:`load_expert`, not by the generic loader.
     loads_own_weights = True
+
+    @property
+    def impl(self) -> str:
+        """The experts' implementation: ``"auto"``, ``"torch"`` or ``"triton"``."""
+        return self._impl
+
+    @impl.setter
+    def impl(self, impl: str) -> None:
+        self._impl = check_impl(impl)
 
     # ---- weights -----------------------------------------------------------------------
 
@@ -124,6 +180,55 @@ class FusedMoE(nn.Module):
         """``hidden`` ``[T, hidden]`` and ``router_logits`` ``[T, num_experts]`` ->
         ``[T, hidden]``: the routed experts' outputs, weighted and summed per token."""
         weights, experts = route(router_logits, self.top_k, self.renormalize)
+        if self.uses_triton(hidden):
+            out = self._triton_experts(hidden, weights, experts)
+        else:
+            out = self._torch_experts(hidden, weights, experts)
+        return self.tp_group.all_reduce(out)
+
+    def uses_triton(self, hidden: torch.Tensor) -> bool:
+        """Whether :meth:`forward` runs the Triton kernels for ``hidden``.
+
+        Raises:
+            ValueError: ``impl="triton"`` and ``hidden``'s dtype is not one it computes in.
+        """
+        if self.impl == "torch":
+            return False
+        supported = hidden.dtype in TRITON_DTYPES
+        if self.impl == "triton":
+            if not supported:
+                raise ValueError(
+                    f"the triton MoE implementation does not compute in {hidden.dtype}; "
+                    f"it supports {TRITON_DTYPES} (use impl='torch')"
+                )
+            return True
+        return hidden.is_cuda and supported and triton_is_installed()
+
+    def _triton_experts(
+        self, hidden: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor
+    ) -> torch.Tensor:
+        from vlite.models.moe_kernels import load_moe_kernels
+        from vlite.models.moe_kernels.experts import grouped_experts
+
+        if hidden.shape[0] == 0:
+            return torch.zeros_like(hidden)
+        kernels = load_moe_kernels(hidden.device)
+        return grouped_experts(
+            kernels.grouped_gemm,
+            hidden,
+            self.w13,
+            self.w2,
+            weights,
+            experts,
+            self.first_expert,
+            self.num_experts,
+            interpreted=kernels.interpreted,
+        )
+
+    def _torch_experts(
+        self, hidden: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor
+    ) -> torch.Tensor:
+        """The reference: a loop over the local experts, each on its tokens."""
         flat_experts = experts.flatten()  # [T * top_k], pair i is token i // top_k
         order = torch.argsort(flat_experts, stable=True)
         counts = torch.bincount(flat_experts, minlength=self.num_experts).tolist()
@@ -142,7 +247,7 @@ class FusedMoE(nn.Module):
             expert_out = F.linear(F.silu(gate) * up, self.w2[local])
             expert_out = expert_out * flat_weights[pairs, None]
             out.index_add_(0, tokens, expert_out.to(out.dtype))
-        return self.tp_group.all_reduce(out)
+        return out
 
 
 class MoEBlock(nn.Module):

@@ -1,24 +1,36 @@
-"""Llama-family GGUF files (llama.cpp's format): config, weights and tokenizer.
+"""GGUF files (llama.cpp's format): config, weights and tokenizer.
 
 A GGUF file holds everything a model needs: llama.cpp-named metadata (the config), the
 tokenizer with its chat template, and the tensors, most of them block-quantized. This module
 turns it into what the rest of vlite expects from a Hugging Face folder:
 
-- :func:`gguf_hf_config`: a ``transformers`` config (``LlamaConfig``, ``Qwen2Config`` or
-  ``Qwen3Config``) rebuilt from the metadata;
+- :func:`gguf_hf_config`: a ``transformers`` config rebuilt from the metadata (see
+  :mod:`vlite.models.gguf_config` for the architectures: llama, Mixtral as llama, qwen2,
+  qwen3, smollm3, phi3, qwen2moe, qwen3moe, olmoe, gemma2, gemma3);
 - :func:`iter_gguf_weights`: ``(Hugging Face name, tensor)`` pairs shaped as in a
   safetensors checkpoint: float32, dequantized one tensor at a time, or, for the block types
   the caller asks to keep, :class:`~vlite.models.quantization.BlockQuantizedTensor`;
 - :func:`load_gguf_tokenizer`: the ``transformers`` tokenizer stored in the file.
 
-Two traps of the format, handled here:
+Four traps of the format, handled here:
 
-- Tensor names differ (``blk.3.attn_q.weight`` is ``model.layers.3.self_attn.q_proj.weight``).
-- For the ``llama`` architecture, llama.cpp's converter reorders the rows of every head of
-  the Q and K projections: Hugging Face's RoPE rotates the pair ``(x[i], x[i + d/2])``
-  ("rotate half") while llama.cpp's rotates ``(x[2i], x[2i + 1])``, so the converter
-  interleaves the two halves of each head. :func:`unpermute_qk` undoes that. ``qwen2`` and
-  ``qwen3`` files are converted without it (llama.cpp runs them with "rotate half" RoPE).
+- Tensor names differ (``blk.3.attn_q.weight`` is ``model.layers.3.self_attn.q_proj.weight``;
+  see :mod:`vlite.models.gguf_names`).
+- Experts are stacked: ``blk.N.ffn_gate_exps.weight`` ``[num_experts, inner, hidden]``
+  holds every expert's gate. Each expert's slice is dequantized and yielded under its own
+  Hugging Face name; experts are never kept block-quantized (vlite's FusedMoE takes float
+  weights).
+- For llama-family architectures (``llama``, hence Mixtral, and ``smollm3``) llama.cpp's
+  converter reorders the rows of every head of the Q and K projections: Hugging Face's
+  RoPE rotates the pair ``(x[i], x[i + d/2])`` ("rotate half") while llama.cpp runs these
+  architectures with RoPE on ``(x[2i], x[2i + 1])``, so the converter interleaves the two
+  halves of each head. :func:`unpermute_qk` undoes that. The other architectures
+  (``qwen2``, ``qwen3``, ``phi3``, ``qwen2moe``, ``qwen3moe``, ``olmoe``, ``gemma2``,
+  ``gemma3``) are converted without it: llama.cpp runs them with "rotate half" RoPE.
+- Gemma's RMSNorms scale by ``1 + weight`` (Hugging Face stores ``weight`` centred on 0);
+  llama.cpp's scale by the stored vector, so its converter writes every Gemma norm weight
+  (``*norm.weight``: the four per layer, Gemma 3's q/k norms, the final norm) plus 1, and
+  :func:`iter_gguf_weights` subtracts 1 again (:data:`SHIFTED_NORM_ARCHITECTURES`).
 
 Parsing a file's header (about 2 s for a 49k-token vocabulary) is done once per process:
 :func:`read_gguf` keeps the last few files it read in memory (nothing is cached on disk).
@@ -27,7 +39,6 @@ Parsing a file's header (about 2 s for a 49k-token vocabulary) is done once per 
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,43 +48,22 @@ import gguf
 import numpy as np
 import torch
 
+from vlite.models.gguf_config import gguf_hf_config
+from vlite.models.gguf_names import ExpertTensor, expert_tensor, hf_expert_name, hf_weight_name
 from vlite.models.quantization import BlockQuantizedTensor
-
-#: GGUF ``general.architecture`` -> Hugging Face architecture (class) name.
-GGUF_ARCHITECTURES = {
-    "llama": "LlamaForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-}
 
 #: Metadata arrays longer than this (the vocabulary, the BPE merges) are not kept by
 #: :func:`read_gguf`: the config needs none of them and the tokenizer reads its own.
 _MAX_KEPT_ARRAY_LEN = 1024
 
-#: Architectures whose Q/K rows llama.cpp's converter permutes (see the module docstring).
-_PERMUTED_QK_ARCHITECTURES = frozenset({"llama"})
+#: GGUF architectures whose Q/K rows llama.cpp's converter permutes: those llama.cpp runs
+#: with RoPE on adjacent pairs (see the module docstring).
+PERMUTED_QK_ARCHITECTURES = frozenset({"llama", "smollm3"})
 
-_GLOBAL_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-
-_LAYER_MODULES = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-
-_LAYER_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+#: GGUF architectures whose norm weights llama.cpp's converter stores plus 1 (see the
+#: module docstring), and that shift.
+SHIFTED_NORM_ARCHITECTURES = frozenset({"gemma2", "gemma3"})
+_NORM_SHIFT = 1.0
 
 
 class _ArrayReader(gguf.GGUFReader):
@@ -115,6 +105,13 @@ class GGUFFile:
     def tensor_names(self) -> frozenset[str]:
         return frozenset(tensor.name for tensor in self.tensors)
 
+    def hf_shape(self, tensor_name: str) -> tuple[int, ...] | None:
+        """The shape of tensor ``tensor_name`` in PyTorch's order; None if there is none."""
+        for tensor in self.tensors:
+            if tensor.name == tensor_name:
+                return _hf_shape(tensor)
+        return None
+
     def arch_value(self, key: str, default: Any = ...) -> Any:
         """The metadata value ``<architecture>.<key>``; raises if absent and no default."""
         full_key = f"{self.architecture}.{key}"
@@ -123,6 +120,11 @@ class GGUFFile:
         if default is ...:
             raise ValueError(f"{self.path}: GGUF metadata has no {full_key!r}")
         return default
+
+
+def _hf_shape(tensor: gguf.ReaderTensor) -> tuple[int, ...]:
+    """GGUF lists dimensions innermost first; PyTorch outermost first."""
+    return tuple(int(n) for n in reversed(tensor.shape.tolist()))
 
 
 def read_gguf(path: str | Path) -> GGUFFile:
@@ -153,102 +155,7 @@ def _read_gguf(path: Path, size: int, mtime_ns: int) -> GGUFFile:
     return GGUFFile(path, metadata, tuple(reader.tensors))
 
 
-# ---- config -----------------------------------------------------------------------------
-
-
-def gguf_hf_config(gguf_file: GGUFFile) -> Any:
-    """A ``transformers`` config for the model in ``gguf_file``, built from its metadata.
-
-    Raises:
-        ValueError: an architecture other than llama, qwen2 and qwen3, or missing metadata.
-        NotImplementedError: RoPE scaling (``rope.scaling.*`` metadata or a
-            ``rope_freqs.weight`` tensor), which vlite cannot rebuild from a GGUF file.
-    """
-    import transformers
-
-    architecture = gguf_file.architecture
-    if architecture not in GGUF_ARCHITECTURES:
-        raise ValueError(
-            f"{gguf_file.path}: GGUF architecture {architecture!r} is not supported "
-            f"(supported: {', '.join(sorted(GGUF_ARCHITECTURES))})"
-        )
-    _check_no_rope_scaling(gguf_file)
-    value = gguf_file.arch_value
-    names = gguf_file.tensor_names
-    num_heads = int(value("attention.head_count"))
-    hidden_size = int(value("embedding_length"))
-    fields: dict[str, Any] = {
-        "architectures": [GGUF_ARCHITECTURES[architecture]],
-        # The embedding's rows are the truth; the vocab_size key is optional in GGUF.
-        "vocab_size": _hf_shape(_tensor(gguf_file, "token_embd.weight"))[0],
-        "hidden_size": hidden_size,
-        "intermediate_size": int(value("feed_forward_length")),
-        "num_hidden_layers": int(value("block_count")),
-        "num_attention_heads": num_heads,
-        "num_key_value_heads": int(value("attention.head_count_kv", num_heads)),
-        "head_dim": int(value("attention.key_length", hidden_size // num_heads)),
-        "max_position_embeddings": int(value("context_length")),
-        "rms_norm_eps": float(value("attention.layer_norm_rms_epsilon")),
-        "rope_theta": float(value("rope.freq_base", 10000.0)),
-        "hidden_act": "silu",
-        "tie_word_embeddings": "output.weight" not in names,
-    }
-    if architecture != "qwen2":  # Qwen2 always has q/k/v biases; its config has no flag
-        fields["attention_bias"] = "blk.0.attn_q.bias" in names
-    if architecture == "llama":
-        fields["mlp_bias"] = "blk.0.ffn_up.bias" in names
-    for name in ("bos", "eos", "padding", "unknown"):
-        token_id = gguf_file.metadata.get(f"tokenizer.ggml.{name}_token_id")
-        if token_id is not None:
-            hf_name = {"padding": "pad", "unknown": "unk"}.get(name, name)
-            fields[f"{hf_name}_token_id"] = int(token_id)
-    config_cls = getattr(
-        transformers, GGUF_ARCHITECTURES[architecture].replace("ForCausalLM", "Config")
-    )
-    return config_cls(**fields)
-
-
-def _check_no_rope_scaling(gguf_file: GGUFFile) -> None:
-    scaling = gguf_file.arch_value("rope.scaling.type", "none")
-    if scaling != "none":
-        raise NotImplementedError(
-            f"{gguf_file.path}: RoPE scaling {scaling!r} in a GGUF file is not supported"
-        )
-    if "rope_freqs.weight" in gguf_file.tensor_names:
-        raise NotImplementedError(
-            f"{gguf_file.path}: per-frequency RoPE factors (rope_freqs.weight, as in Llama 3.1 "
-            "GGUF files) are not supported; load the Hugging Face checkpoint instead"
-        )
-
-
-def _tensor(gguf_file: GGUFFile, name: str) -> gguf.ReaderTensor:
-    for tensor in gguf_file.tensors:
-        if tensor.name == name:
-            return tensor
-    raise ValueError(f"{gguf_file.path}: GGUF file has no tensor {name!r}")
-
-
-def _hf_shape(tensor: gguf.ReaderTensor) -> tuple[int, ...]:
-    """GGUF lists dimensions innermost first; PyTorch outermost first."""
-    return tuple(int(n) for n in reversed(tensor.shape.tolist()))
-
-
 # ---- weights ----------------------------------------------------------------------------
-
-
-def hf_weight_name(gguf_name: str) -> str:
-    """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``.
-
-    Raises:
-        ValueError: a tensor name vlite does not know.
-    """
-    if gguf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[gguf_name]
-    match = _LAYER_NAME.fullmatch(gguf_name)
-    if match is None or match.group(2) not in _LAYER_MODULES:
-        raise ValueError(f"unknown GGUF tensor {gguf_name!r} (not a Llama-family weight)")
-    layer, module, kind = match.groups()
-    return f"model.layers.{layer}.{_LAYER_MODULES[module]}.{kind}"
 
 
 def permute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -272,10 +179,20 @@ def unpermute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 def dequantize_tensor(tensor: gguf.ReaderTensor) -> torch.Tensor:
     """A (possibly quantized) GGUF tensor as a new float32 tensor in PyTorch's shape order."""
-    values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+    return _float32(gguf.quants.dequantize(tensor.data, tensor.tensor_type), _hf_shape(tensor))
+
+
+def dequantize_expert(tensor: gguf.ReaderTensor, expert: int) -> torch.Tensor:
+    """Expert ``expert``'s matrix of a stacked ``[num_experts, rows, cols]`` GGUF tensor,
+    dequantized alone (one expert's float32 copy in memory, not the whole stack's)."""
+    values = gguf.quants.dequantize(tensor.data[expert], tensor.tensor_type)
+    return _float32(values, _hf_shape(tensor)[1:])
+
+
+def _float32(values: np.ndarray, shape: tuple[int, ...]) -> torch.Tensor:
     # F32 tensors come back as views of the read-only file map: copy those.
     values = np.array(values, dtype=np.float32, copy=not values.flags.writeable)
-    return torch.from_numpy(values.reshape(_hf_shape(tensor)))
+    return torch.from_numpy(values.reshape(shape))
 
 
 def tensor_type_names(gguf_file: GGUFFile) -> list[str]:
@@ -297,25 +214,56 @@ def iter_gguf_weights(
 
     Matrices whose GGUF type is in ``keep_types`` (see
     :data:`vlite.models.quantization.KERNEL_TYPES`) come as
-    :class:`~vlite.models.quantization.BlockQuantizedTensor`; every other tensor is
-    dequantized to float32, one at a time, on the CPU. A progress bar goes to stderr; Q/K
-    rows of ``llama`` files are restored to Hugging Face's order (see module docstring).
+    :class:`~vlite.models.quantization.BlockQuantizedTensor`; every other tensor, and every
+    expert's matrix whatever its type, is dequantized to float32, one at a time, on the
+    CPU. A stacked expert tensor yields one tensor per expert. A progress bar goes to
+    stderr; Q/K rows of llama-family files are restored to Hugging Face's order and Gemma's
+    norm weights to Hugging Face's centring on 0 (see the module docstring).
     """
     from tqdm.auto import tqdm
 
     gguf_file = read_gguf(path)
     config = gguf_hf_config(gguf_file)  # also rejects unsupported architectures
+    architecture = config.architectures[0]
     heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
-    is_permuted = gguf_file.architecture in _PERMUTED_QK_ARCHITECTURES
+    is_permuted = gguf_file.architecture in PERMUTED_QK_ARCHITECTURES
+    norms_shifted = gguf_file.architecture in SHIFTED_NORM_ARCHITECTURES
     tensors = tqdm(gguf_file.tensors, desc="Loading GGUF", unit="tensor", disable=not show_progress)
     for tensor in tensors:
-        name = hf_weight_name(tensor.name)
+        experts = expert_tensor(tensor.name)
+        if experts is not None:
+            yield from _expert_weights(tensor, experts, architecture)
+            continue
+        name = hf_weight_name(tensor.name, architecture)
         keep = tensor.tensor_type.name in keep_types and len(tensor.shape) == 2
         weight = block_tensor(tensor) if keep else dequantize_tensor(tensor)
         projection = name.rsplit(".", 2)[-2]
         if is_permuted and projection in heads:
             weight = _unpermute(weight, heads[projection])
+        if projection == "shared_expert_gate" and isinstance(weight, torch.Tensor):
+            weight = weight.reshape(1, -1)  # [1, hidden]; the converter squeezes it to [hidden]
+        if norms_shifted and _is_norm_weight(tensor.name):
+            weight = weight - _NORM_SHIFT  # norms are vectors: always dequantized, float32
         yield name, weight
+
+
+def _is_norm_weight(gguf_name: str) -> bool:
+    """Whether ``gguf_name`` is an RMSNorm's weight (``blk.3.post_ffw_norm.weight``,
+    ``output_norm.weight``, ...): the tensors the converter shifts for Gemma."""
+    return gguf_name.endswith("norm.weight")
+
+
+def _expert_weights(
+    tensor: gguf.ReaderTensor, experts: ExpertTensor, architecture: str
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The Hugging Face-named matrices of one expert tensor (stacked or one expert's)."""
+    if experts.expert is not None:
+        name = hf_expert_name(architecture, experts.layer, experts.expert, experts.role)
+        yield name, dequantize_tensor(tensor)
+        return
+    for expert in range(_hf_shape(tensor)[0]):
+        name = hf_expert_name(architecture, experts.layer, expert, experts.role)
+        yield name, dequantize_expert(tensor, expert)
 
 
 def _unpermute(weight, num_heads: int):

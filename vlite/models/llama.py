@@ -22,10 +22,10 @@ Parameters are created in ``torch.get_default_dtype()`` on the default device:
 :func:`vlite.models.loader.build_model` sets both while constructing. Calling ``.to(dtype)``
 afterwards also works (the RoPE cos/sin cache then follows the dtype).
 
-Sliding-window attention is not implemented. Qwen2/Qwen3 configs with
-``use_sliding_window=True`` are rejected. With Mistral's ``sliding_window`` the model attends
-over the whole context, which is exact while the context fits the window, so the engine caps
-its context length at the window (:func:`vlite.models.spec.attention_window`).
+Sliding-window attention: each layer's window comes from the config
+(:func:`vlite.models.spec.layer_sliding_windows`: Mistral's ``sliding_window``, Qwen2's
+``use_sliding_window`` from ``max_window_layers`` on, per-layer ``layer_types``) and is
+passed to the attention backend as ``sliding_window`` for that layer's calls.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from vlite.models.parallel_layers import (
 )
 from vlite.models.quantization import BlockQuantizedTensor
 from vlite.models.rope import RotaryEmbedding, StepRotation
-from vlite.models.spec import head_dim_of
+from vlite.models.spec import head_dim_of, layer_sliding_windows
 
 ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -109,11 +109,6 @@ def _is_qwen2(config: Any) -> bool:
 
 
 def _check_supported(config: Any) -> None:
-    if getattr(config, "use_sliding_window", False):
-        raise ValueError(
-            f"{config.model_type}: use_sliding_window=True is not supported by vlite "
-            "(sliding-window attention is not implemented)"
-        )
     act = getattr(config, "hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"{config.model_type}: hidden_act={act!r} is not supported (only silu)")
@@ -157,6 +152,28 @@ class LlamaAttention(nn.Module):
         #: ``False``: positions are not rotated into this layer's queries and keys (a NoPE
         #: layer, as SmolLM3's every fourth).
         self.use_rope = True
+        #: This layer's attention window in tokens (``None``: the whole context); set by
+        #: the model from the config.
+        self.sliding_window: int | None = None
+        #: The cap of this layer's attention scores (Gemma 2), ``None``: uncapped.
+        self.logits_soft_cap: float | None = None
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        """The backend's paged attention for this layer (windowed, soft-capped when it is):
+        ``[T, heads, head_dim]`` queries -> ``[T, heads, head_dim]``."""
+        options: dict[str, Any] = {}
+        if self.sliding_window is not None:
+            options["sliding_window"] = self.sliding_window
+        if self.logits_soft_cap is not None:
+            options["logits_soft_cap"] = self.logits_soft_cap
+        return self.attention.forward(q, k, v, kv_cache, metadata, **options)
 
     def forward(
         self,
@@ -187,7 +204,7 @@ class LlamaAttention(nn.Module):
             if not rotation.rotate_rows_(qkv, num_qk_heads):
                 qk = rotation.rotate(qk)
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
-        out = self.attention.forward(q, k, v, kv_cache, metadata)  # [T, heads, head_dim]
+        out = self.attend(q, k, v, kv_cache, metadata)  # [T, heads, head_dim]
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 
@@ -330,7 +347,6 @@ class LlamaForCausalLM(nn.Module):
         self.tp_group = tp_group
         self.num_layers: int = hf_config.num_hidden_layers
         self.head_dim = head_dim_of(hf_config)
-        self.sliding_window: int | None = getattr(hf_config, "sliding_window", None)
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
         self.attention: AttentionBackend = attn_backend_cls(
             hf_config.num_attention_heads // tp_group.world_size,
@@ -340,6 +356,9 @@ class LlamaForCausalLM(nn.Module):
             block_size=block_size,
         )
         self.rotary_emb = RotaryEmbedding.from_config(hf_config, self.head_dim)
+        #: LongRoPE: sequences of more known tokens use the long factors, which the worker
+        #: marks per token in ``AttentionMetadata.use_long_rope``; ``None`` without LongRoPE.
+        self.long_rope_threshold: int | None = self.rotary_emb.long_rope_threshold
         self.model = LlamaModel(
             hf_config,
             self.attention,
@@ -348,6 +367,8 @@ class LlamaForCausalLM(nn.Module):
             self.make_mlp,
             self.attention_class,
         )
+        for layer, window in zip(self.model.layers, layer_sliding_windows(hf_config)):
+            layer.self_attn.sliding_window = window
         self.lm_head = VocabParallelLMHead(
             hf_config.vocab_size,
             hf_config.hidden_size,
@@ -379,7 +400,13 @@ class LlamaForCausalLM(nn.Module):
         if len(kv_caches) != self.num_layers:
             raise ValueError(f"expected {self.num_layers} KV caches, got {len(kv_caches)}")
         hidden = self.model.embed_tokens(input_ids)
-        rotation = StepRotation(self.rotary_emb, positions, hidden.dtype, self.native_ops)
+        rotation = StepRotation(
+            self.rotary_emb,
+            positions,
+            hidden.dtype,
+            self.native_ops,
+            use_long_rope=attn_metadata.use_long_rope,
+        )
         residual = None
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
             hidden, residual = layer(rotation, hidden, residual, kv_cache, attn_metadata)

@@ -4,8 +4,8 @@ Each layer's feed-forward is :func:`mixtral_moe`: a router (``gate``, ``[num_exp
 hidden]``, replicated on every rank) picks ``num_experts_per_tok`` experts per token, and
 :class:`~vlite.models.fused_moe.FusedMoE` runs them grouped by expert (whole experts per
 tensor-parallel rank). Checkpoints name the parts ``block_sparse_moe.gate`` and
-``block_sparse_moe.experts.{e}.w1/w3/w2`` (gate, up, down); Mistral's ``sliding_window``
-caps the context as for Mistral.
+``block_sparse_moe.experts.{e}.w1/w3/w2`` (gate, up, down); ``sliding_window`` windows
+every layer, as for Mistral.
 """
 
 from __future__ import annotations

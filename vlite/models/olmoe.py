@@ -52,7 +52,7 @@ class OlmoeAttention(LlamaAttention):
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         if self.use_rope:
             q, k = rotation.rotate(q), rotation.rotate(k)
-        out = self.attention.forward(q, k, v, kv_cache, metadata)
+        out = self.attend(q, k, v, kv_cache, metadata)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 

@@ -7,13 +7,19 @@ store the q/k/v projections as one ``qkv_proj`` matrix and gate/up as one
 into the pieces the (maybe tensor-parallel) fused layers load.
 
 LongRoPE scaling (``rope_type="longrope"``: the 128k-context Phi-3 models, Phi-3.5,
-Phi-4-mini) is not supported yet and is refused when the model is built; the window of
-``sliding_window`` caps the context length (see :func:`vlite.models.spec.attention_window`).
+Phi-4-mini) is :mod:`vlite.models.longrope`: the context is ``max_position_embeddings``, and
+a sequence that outgrows ``original_max_position_embeddings`` recomputes its cached keys
+once with the long factors, as transformers does. That recomputation needs every earlier
+token's cache blocks, so a ``sliding_window`` shorter than ``original_max_position_embeddings``
+is refused with LongRoPE. Prefix-cache blocks do not record which factors rotated their
+keys: the outputs equal transformers' with prefix caching off (``enable_prefix_caching=False``)
+or when every sequence stays on one side of ``original_max_position_embeddings``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 
@@ -30,6 +36,10 @@ class Phi3ForCausalLM(LlamaForCausalLM):
 
     #: The fused matrices are split by rows on load; block-quantized ones are not (yet).
     supports_block_quantized_weights = False
+
+    def __init__(self, hf_config: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(hf_config, *args, **kwargs)
+        _check_longrope_window(hf_config, self.long_rope_threshold)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         super().load_weights(self._split_fused(weights))
@@ -60,6 +70,19 @@ class Phi3ForCausalLM(LlamaForCausalLM):
                 yield f"{module_prefix}.up_proj.{leaf}", up
             else:
                 yield name, tensor
+
+
+def _check_longrope_window(hf_config: Any, long_rope_threshold: int | None) -> None:
+    """Refuse a window too short to keep the blocks LongRoPE recomputes (see the module
+    docstring)."""
+    window = getattr(hf_config, "sliding_window", None)
+    if long_rope_threshold is not None and window and window < long_rope_threshold:
+        raise ValueError(
+            f"sliding_window={window} is shorter than LongRoPE's "
+            f"original_max_position_embeddings={long_rope_threshold}, which vlite does not "
+            "support: a sequence outgrowing it recomputes every earlier token; use a config "
+            f"with sliding_window >= {long_rope_threshold} or without one"
+        )
 
 
 def _check_rows(name: str, tensor: torch.Tensor, qkv_rows: int, gate_up_rows: int) -> None:

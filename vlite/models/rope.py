@@ -6,6 +6,11 @@ for instance) only the first ``rotary_dim = head_dim * factor`` dimensions of ea
 rotated and the rest pass through. cos/sin are precomputed once in float32 for every
 position up to ``max_position_embeddings`` and looked up by position at each step.
 
+LongRoPE (:mod:`vlite.models.longrope`) keeps two tables in the one cache: the short
+factors' rows for positions below ``original_max_position_embeddings``, then the long
+factors' rows for every position; a per-token flag picks the table (see
+:meth:`RotaryEmbedding.cache_rows`).
+
 RoPE settings are read from a Hugging Face config in either spelling:
 
 - transformers >= 5: ``config.rope_parameters = {"rope_theta": ..., "rope_type": ..., ...}``
@@ -23,6 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from vlite.models.longrope import LongRope
+
 _DEFAULT_THETA = 10000.0
 
 
@@ -32,9 +39,11 @@ class RopeParameters:
 
     Attributes:
         rope_theta: base of the geometric frequency progression.
-        rope_type: ``"default"`` or ``"llama3"``.
+        rope_type: ``"default"``, ``"llama3"`` or ``"longrope"``.
         scaling: the extra keys of the scaling dict (``factor``, ``low_freq_factor``,
-            ``high_freq_factor``, ``original_max_position_embeddings`` for llama3).
+            ``high_freq_factor``, ``original_max_position_embeddings`` for llama3;
+            ``short_factor``, ``long_factor``, ``original_max_position_embeddings`` and
+            maybe ``factor``/``attention_factor`` for longrope).
         partial_rotary_factor: the fraction of each head's dimensions that is rotated.
     """
 
@@ -44,16 +53,25 @@ class RopeParameters:
     partial_rotary_factor: float = 1.0
 
 
-def rope_parameters_from_config(config: Any) -> RopeParameters:
-    """Read RoPE settings from a ``transformers`` config of either major version."""
+def rope_parameters_from_config(config: Any, layer_type: str = "full_attention") -> RopeParameters:
+    """Read RoPE settings from a ``transformers`` config of either major version.
+
+    ``layer_type`` picks the settings of one kind of layer where a config has several
+    (Gemma 3: ``"sliding_attention"`` layers rotate with ``rope_local_base_freq``, unscaled).
+    """
     params = getattr(config, "rope_parameters", None)
     if not params:
         params = dict(getattr(config, "rope_scaling", None) or {})
         if getattr(config, "rope_theta", None) is not None:
             params["rope_theta"] = config.rope_theta
+        local_theta = getattr(config, "rope_local_base_freq", None)
+        if layer_type == "sliding_attention" and local_theta is not None:
+            params = {"rope_theta": local_theta}  # transformers 4's Gemma 3 spelling
     params = dict(params)
-    if "full_attention" in params and isinstance(params["full_attention"], dict):
+    if isinstance(params.get(layer_type), dict):
         # Per-layer-type form ({"full_attention": {...}, "sliding_attention": {...}}).
+        params = dict(params[layer_type])
+    elif isinstance(params.get("full_attention"), dict):
         params = dict(params["full_attention"])
     theta = params.pop("rope_theta", None)
     if theta is None:
@@ -65,7 +83,26 @@ def rope_parameters_from_config(config: Any) -> RopeParameters:
     partial = partial or getattr(config, "partial_rotary_factor", None) or 1.0
     if not 0.0 < partial <= 1.0:
         raise ValueError(f"partial_rotary_factor={partial} is invalid: must be in (0, 1]")
+    if rope_type == "longrope":
+        params["original_max_position_embeddings"] = _longrope_original_max(config, params)
     return RopeParameters(float(theta), rope_type, params, float(partial))
+
+
+def _longrope_original_max(config: Any, params: dict[str, Any]) -> int:
+    """The pre-training context of a LongRoPE config. Phi-3 configs keep it on the config
+    itself (transformers 4's only place), which wins over the rope dict as in transformers;
+    without either, the model's positions."""
+    for value in (
+        getattr(config, "original_max_position_embeddings", None),
+        params.get("original_max_position_embeddings"),
+        getattr(config, "max_position_embeddings", None),
+    ):
+        if value is not None:
+            return int(value)
+    raise ValueError(
+        "rope_type='longrope' needs original_max_position_embeddings (or "
+        "max_position_embeddings) in the config"
+    )
 
 
 def default_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
@@ -103,10 +140,27 @@ def compute_inv_freq(head_dim: int, rope: RopeParameters) -> torch.Tensor:
         return inv_freq
     if rope.rope_type == "llama3":
         return llama3_inv_freq(inv_freq, rope.scaling)
+    if rope.rope_type == "linear":  # positions divided by the factor
+        return inv_freq / float(rope.scaling["factor"])
+    if rope.rope_type == "longrope":
+        raise ValueError(
+            "rope_type='longrope' has two sets of inverse frequencies (LongRope.inv_freq), "
+            "built into one table by RotaryEmbedding"
+        )
     raise ValueError(
         f"rope_type={rope.rope_type!r} is not supported by vlite yet (supported: 'default', "
-        "'llama3')"
+        "'linear', 'llama3', 'longrope')"
     )
+
+
+def cos_sin_tables(
+    inv_freq: torch.Tensor, num_positions: int, scale: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``scale * cos`` and ``scale * sin`` of ``position * inv_freq``, each
+    ``[num_positions, len(inv_freq)]`` float32, for positions ``0 .. num_positions - 1``."""
+    positions = torch.arange(num_positions, dtype=torch.int64).to(torch.float32)
+    freqs = torch.outer(positions, inv_freq)
+    return freqs.cos() * scale, freqs.sin() * scale
 
 
 class RotaryEmbedding(nn.Module):
@@ -114,7 +168,8 @@ class RotaryEmbedding(nn.Module):
 
     The cos/sin cache is a float32, non-persistent buffer of shape
     ``[max_position_embeddings, rotary_dim // 2]``; it is cast to the query dtype on use,
-    as transformers does.
+    as transformers does. With LongRoPE it has ``original_max_position_embeddings`` more
+    rows in front: the short factors' table (see :meth:`cache_rows`).
     """
 
     def __init__(self, head_dim: int, max_position_embeddings: int, rope: RopeParameters):
@@ -130,24 +185,76 @@ class RotaryEmbedding(nn.Module):
         #: Dimensions rotated at the start of each head (``head_dim`` unless partial).
         self.rotary_dim = rotary_dim
         self.max_position_embeddings = max_position_embeddings
-        inv_freq = compute_inv_freq(rotary_dim, rope)
-        positions = torch.arange(max_position_embeddings, dtype=torch.int64).to(torch.float32)
-        freqs = torch.outer(positions, inv_freq)
-        self.register_buffer("cos_cache", freqs.cos(), persistent=False)
-        self.register_buffer("sin_cache", freqs.sin(), persistent=False)
+        #: LongRoPE's settings (``None``: one table for every sequence).
+        self.longrope: LongRope | None = None
+        if rope.rope_type == "longrope":
+            self.longrope = LongRope.from_scaling(rope.scaling, rotary_dim, max_position_embeddings)
+            cos, sin = self._longrope_tables(rope.rope_theta)
+        else:
+            cos, sin = cos_sin_tables(compute_inv_freq(rotary_dim, rope), max_position_embeddings)
+        self.register_buffer("cos_cache", cos, persistent=False)
+        self.register_buffer("sin_cache", sin, persistent=False)
+
+    def _longrope_tables(self, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[original_max + max_position_embeddings, rotary_dim // 2]`` cos and sin: the
+        short factors' rows for the positions a short sequence has, then the long ones'."""
+        longrope = self.longrope
+        short = cos_sin_tables(
+            longrope.inv_freq(theta, long=False),
+            longrope.original_max_position_embeddings,
+            longrope.attention_factor,
+        )
+        long = cos_sin_tables(
+            longrope.inv_freq(theta, long=True),
+            self.max_position_embeddings,
+            longrope.attention_factor,
+        )
+        return torch.cat((short[0], long[0])), torch.cat((short[1], long[1]))
+
+    @property
+    def long_rope_threshold(self) -> int | None:
+        """LongRoPE: a sequence of more known tokens than this is rotated with the long
+        factors; ``None`` without LongRoPE."""
+        return None if self.longrope is None else self.longrope.original_max_position_embeddings
+
+    def cache_rows(
+        self, positions: torch.Tensor, use_long_rope: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Rows of the cos/sin cache for ``positions`` ``[T]``: the positions themselves,
+        but for LongRoPE: ``position + original_max`` for tokens rotated with the long
+        factors.
+
+        ``use_long_rope`` ``[T]`` bool says which tokens those are (the worker sets it per
+        sequence, see :mod:`vlite.models.longrope`); without it the step is taken as one
+        sequence, long when its last position is at or past ``original_max``.
+        """
+        if self.longrope is None or positions.numel() == 0:
+            return positions
+        original_max = self.longrope.original_max_position_embeddings
+        if use_long_rope is None:
+            use_long_rope = positions.max() >= original_max  # a 0-d tensor: no host sync
+        return positions + use_long_rope.to(positions.dtype) * original_max
 
     @classmethod
-    def from_config(cls, config: Any, head_dim: int) -> RotaryEmbedding:
-        """Build from a Hugging Face config (either rope spelling, see module docstring)."""
-        rope = rope_parameters_from_config(config)
+    def from_config(
+        cls, config: Any, head_dim: int, layer_type: str = "full_attention"
+    ) -> RotaryEmbedding:
+        """Build from a Hugging Face config (either rope spelling, see module docstring), for
+        the layers of ``layer_type`` (see :func:`rope_parameters_from_config`)."""
+        rope = rope_parameters_from_config(config, layer_type)
         return cls(head_dim, config.max_position_embeddings, rope)
 
     def forward(
-        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+        self,
+        positions: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        use_long_rope: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate ``query`` ``[T, num_heads, head_dim]`` and ``key`` ``[T, num_kv_heads,
-        head_dim]`` by ``positions`` ``[T]``; returns new tensors of the same shapes."""
-        rotation = StepRotation(self, positions, query.dtype)
+        head_dim]`` by ``positions`` ``[T]``; returns new tensors of the same shapes.
+        ``use_long_rope``: see :meth:`cache_rows`."""
+        rotation = StepRotation(self, positions, query.dtype, use_long_rope=use_long_rope)
         return rotation.rotate(query), rotation.rotate(key)
 
 
@@ -168,6 +275,8 @@ class StepRotation:
     With ``native`` (:class:`~vlite.kernels.native.FusedOps`), float32 CPU tensors are
     rotated in place by one C call; otherwise cos/sin rows are gathered once here and each
     layer's :meth:`rotate` is the reference formula (HF's ``rotate_half``).
+    ``use_long_rope`` ``[T]`` bool picks LongRoPE's table per token (see
+    :meth:`RotaryEmbedding.cache_rows`).
     """
 
     def __init__(
@@ -176,29 +285,31 @@ class StepRotation:
         positions: torch.Tensor,
         dtype: torch.dtype,
         native: Any = None,
+        use_long_rope: torch.Tensor | None = None,
     ) -> None:
         self.head_dim = rope.head_dim
+        rows = rope.cache_rows(positions, use_long_rope)
         is_native = (
             native is not None
             and rope.rotary_dim == rope.head_dim  # the C kernel rotates whole heads
             and dtype == torch.float32
-            and positions.device.type == "cpu"
+            and rows.device.type == "cpu"
             and rope.cos_cache.dtype == torch.float32
         )
         self.native = native if is_native else None
         if self.native is not None:
-            self.positions = positions.to(torch.int64).contiguous()
+            self.table_rows = rows.to(torch.int64).contiguous()
             self.cos_table, self.sin_table = rope.cos_cache, rope.sin_cache
         else:
-            self.cos = rope.cos_cache[positions].to(dtype).unsqueeze(1)  # [T, 1, head_dim // 2]
-            self.sin = rope.sin_cache[positions].to(dtype).unsqueeze(1)
+            self.cos = rope.cos_cache[rows].to(dtype).unsqueeze(1)  # [T, 1, rotary_dim // 2]
+            self.sin = rope.sin_cache[rows].to(dtype).unsqueeze(1)
 
     def rotate(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` ``[T, heads, head_dim]`` rotated (a new tensor)."""
         if self.native is not None:  # a copy rotated in place by the C kernel
             rows = x.reshape(x.shape[0], -1).clone()
             self.native.rope_(
-                rows, x.shape[1], self.head_dim, self.positions, self.cos_table, self.sin_table
+                rows, x.shape[1], self.head_dim, self.table_rows, self.cos_table, self.sin_table
             )
             return rows.view_as(x)
         return _rotate(x, self.cos, self.sin)
@@ -211,6 +322,6 @@ class StepRotation:
         if self.native is None or rows.stride(-1) != 1:
             return False
         self.native.rope_(
-            rows, num_heads, self.head_dim, self.positions, self.cos_table, self.sin_table
+            rows, num_heads, self.head_dim, self.table_rows, self.cos_table, self.sin_table
         )
         return True

@@ -74,6 +74,45 @@ class ModelSpec:
         return head_dim_of(self.hf_config)
 
     @property
+    def sliding_windows(self) -> tuple[int | None, ...]:
+        """Each layer's attention window (``None``: whole context); see
+        :func:`layer_sliding_windows`. A window of at least :attr:`max_model_len` tokens
+        hides nothing and counts as none (Phi-3's 262,144, say)."""
+        return tuple(
+            None if window is None or window >= self.max_model_len else window
+            for window in layer_sliding_windows(self.hf_config)
+        )
+
+    @property
+    def attention_logit_soft_cap(self) -> float | None:
+        """The cap of the attention scores (Gemma 2's ``attn_logit_softcapping``), if any."""
+        cap = getattr(self.hf_config, "attn_logit_softcapping", None)
+        return float(cap) if cap else None
+
+    @property
+    def prefix_caching_conflict(self) -> str | None:
+        """Why this model's cached blocks cannot be shared between requests, or ``None``.
+
+        LongRoPE (Phi-3-128k, Phi-3.5, Phi-4-mini) rotates all of a sequence's keys again
+        with its long factors once the sequence passes ``original_max_position_embeddings``
+        tokens, so the same prefix has different keys in a short and in a long sequence.
+        """
+        from vlite.models.rope import rope_parameters_from_config
+
+        rope = rope_parameters_from_config(self.hf_config)
+        original_max = rope.scaling.get("original_max_position_embeddings")
+        if rope.rope_type != "longrope" or original_max is None:
+            return None
+        if self.max_model_len <= original_max:
+            return None
+        return (
+            "its LongRoPE scaling rotates a sequence's keys again with the long factors once "
+            f"it passes original_max_position_embeddings={original_max} tokens, so a prefix's "
+            f"cached keys differ between short and long sequences (max_model_len <= "
+            f"{original_max} keeps it exact)"
+        )
+
+    @property
     def architecture(self) -> str:
         architectures = getattr(self.hf_config, "architectures", None) or []
         if not architectures:
@@ -248,37 +287,50 @@ def download_from_hub(repo_id: str, load_format: str = "auto") -> Path:
 
 
 def _max_model_len(config: VliteConfig, hf_config: Any) -> int:
-    """The context length: ``config.max_model_len``, or the model's positions, capped by a
-    sliding window vlite does not implement (attending over the whole context is exact
-    only while the context fits the window)."""
+    """The context length: ``config.max_model_len``, or the model's positions."""
     model_limit = getattr(hf_config, "max_position_embeddings", None)
-    window = attention_window(hf_config)
     if config.max_model_len is None:
         if model_limit is None:
             raise ValueError("the model's config has no max_position_embeddings: set max_model_len")
-        return min(model_limit, window) if window else model_limit
+        return model_limit
     if model_limit is not None and config.max_model_len > model_limit:
         raise ValueError(
             f"max_model_len={config.max_model_len} exceeds the model's "
             f"max_position_embeddings={model_limit}"
         )
-    if window and config.max_model_len > window:
-        raise ValueError(
-            f"max_model_len={config.max_model_len} exceeds the model's sliding_window="
-            f"{window}; vlite does not implement sliding-window attention yet, so contexts "
-            f"longer than {window} tokens would not match the model: use max_model_len <= "
-            f"{window}"
-        )
     return config.max_model_len
 
 
-def attention_window(hf_config: Any) -> int | None:
-    """The sliding window the model's attention uses, if any (Mistral's ``sliding_window``;
-    a Qwen-style config applies its window only with ``use_sliding_window``)."""
-    if not getattr(hf_config, "use_sliding_window", True):
-        return None
+def layer_sliding_windows(hf_config: Any) -> tuple[int | None, ...]:
+    """Each layer's attention window (``None``: the whole context), read from the config.
+
+    A token attends to the last ``window`` positions, itself included. Configs that list
+    ``layer_types`` (transformers >= 4.54: Gemma's alternating local/global layers, Qwen2's
+    ``use_sliding_window`` from ``max_window_layers`` on) window their
+    ``"sliding_attention"`` layers; older configs window every layer when
+    ``sliding_window`` is set (Mistral, Phi-3), unless ``use_sliding_window`` is false
+    (Qwen2/Qwen3), in which case every layer from ``max_window_layers`` on is windowed when
+    it is true.
+    """
+    num_layers = hf_config.num_hidden_layers
     window = getattr(hf_config, "sliding_window", None)
-    return int(window) if window else None
+    window = int(window) if window else None
+    layer_types = getattr(hf_config, "layer_types", None)
+    if window is None:
+        return (None,) * num_layers
+    if layer_types:
+        if len(layer_types) != num_layers:
+            raise ValueError(
+                f"the config lists {len(layer_types)} layer_types for {num_layers} layers"
+            )
+        return tuple(window if kind == "sliding_attention" else None for kind in layer_types)
+    use_window = getattr(hf_config, "use_sliding_window", None)
+    if use_window is None:
+        return (window,) * num_layers
+    if not use_window:
+        return (None,) * num_layers
+    first = getattr(hf_config, "max_window_layers", 0) or 0
+    return tuple(window if index >= first else None for index in range(num_layers))
 
 
 def head_dim_of(hf_config: Any) -> int:

@@ -10,7 +10,9 @@ with garbage first, so reading a slot that was never written shows):
 3. ``decode``: one more token per sequence, which reads back what step 2 wrote.
 
 Each step's output is compared with dense causal attention computed in float64 from the
-same (dtype-rounded) queries, keys and values.
+same (dtype-rounded) queries, keys and values. With a ``sliding_window``, the blocks that
+fall wholly before a step's first query's window are refilled with fresh garbage before the
+step, as the engine's KV-cache manager may hand them to another request by then.
 """
 
 from __future__ import annotations
@@ -93,13 +95,20 @@ def random_batch(rng: random.Random, block_size: int, with_cached_prefill: bool 
 
 
 def dense_causal_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
 ) -> torch.Tensor:
     """Attention of the last ``len(query)`` positions of a context, in float64.
 
     Args:
         query: ``[query_len, num_heads, head_dim]``.
         key, value: ``[seq_len, num_kv_heads, head_dim]``, the whole context.
+        sliding_window: the query at position ``p`` sees keys ``(p - window, p]`` only.
+        soft_cap: scores become ``cap * tanh(score / cap)`` (Gemma 2).
 
     Returns:
         ``[query_len, num_heads, head_dim]`` float64.
@@ -110,8 +119,14 @@ def dense_causal_attention(
     k = key.double().repeat_interleave(group, dim=1)
     v = value.double().repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", query.double(), k) * scale
+    if soft_cap is not None:
+        scores = soft_cap * torch.tanh(scores / soft_cap)
     query_pos = torch.arange(seq_len - query_len, seq_len)[:, None]
-    scores = scores.masked_fill(torch.arange(seq_len)[None, :] > query_pos, float("-inf"))
+    key_pos = torch.arange(seq_len)[None, :]
+    hidden = key_pos > query_pos
+    if sliding_window is not None:
+        hidden |= key_pos <= query_pos - sliding_window
+    scores = scores.masked_fill(hidden, float("-inf"))
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
 
@@ -132,12 +147,20 @@ def run_case(
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
     device: str | torch.device = "cpu",
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
 ) -> list[StepResult]:
     """Drive ``backend`` through the prefix, batch and decode steps of ``batch``.
 
     Inputs are drawn on the CPU (so they do not depend on ``device``) and moved there;
-    outputs come back on the CPU.
+    outputs come back on the CPU. ``sliding_window`` and ``soft_cap`` are passed to the
+    backend (only when set) and to the reference.
     """
+    layer_options: dict[str, float] = {}
+    if sliding_window is not None:
+        layer_options["sliding_window"] = sliding_window
+    if soft_cap is not None:
+        layer_options["logits_soft_cap"] = soft_cap
     device = torch.device(device)
     gen = torch.Generator().manual_seed(seed)
     bs = shape.block_size
@@ -172,17 +195,36 @@ def run_case(
             torch.cat([qkv[i][j][s : s + n] for i, (s, n) in zip(chosen, step_spans)]).to(device)
             for j in range(3)
         )
-        output = backend.forward(query, key, value, kv_cache, metadata).cpu()
+        if sliding_window is not None:
+            for i, (start, _) in zip(chosen, step_spans):
+                num_gone = max(0, start - sliding_window + 1) // bs
+                _refill_blocks(kv_cache, tables[i][:num_gone], gen)
+        output = backend.forward(query, key, value, kv_cache, metadata, **layer_options).cpu()
         expected = torch.cat(
             [
                 dense_causal_attention(
-                    qkv[i][0][s : s + n], qkv[i][1][: s + n], qkv[i][2][: s + n], shape.scale
+                    qkv[i][0][s : s + n],
+                    qkv[i][1][: s + n],
+                    qkv[i][2][: s + n],
+                    shape.scale,
+                    sliding_window,
+                    soft_cap,
                 )
                 for i, (s, n) in zip(chosen, step_spans)
             ]
         )
         results.append(StepResult(step_name, step_spans, output, expected))
     return results
+
+
+def _refill_blocks(kv_cache: torch.Tensor, block_ids: list[int], gen: torch.Generator) -> None:
+    """Overwrite blocks of a cache in the default layout ``[2, num_blocks, ...]`` with new
+    (finite) garbage, as another request reusing them would; other layouts are left alone."""
+    if not block_ids or kv_cache.dim() < 2 or kv_cache.shape[0] != 2:
+        return
+    shape = (2, len(block_ids), *kv_cache.shape[2:])
+    garbage = 10 * torch.randn(shape, generator=gen)
+    kv_cache[:, block_ids] = garbage.to(kv_cache.device, kv_cache.dtype)
 
 
 def build_metadata(

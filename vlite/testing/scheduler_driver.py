@@ -115,10 +115,12 @@ class SchedulerDriver:
         enable_chunked_prefill: bool | None = None,
         long_prefill_token_threshold: int = 0,
         next_token: Callable[[Request], int] | None = None,
+        sliding_window: int | None = None,
     ) -> SchedulerDriver:
         """A driver for a registered scheduler class (a ``SchedulingPolicy`` subclass, or
-        an API-1 ``Scheduler`` subclass), built as the engine builds it."""
-        kv_cache = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
+        an API-1 ``Scheduler`` subclass), built as the engine builds it (``sliding_window``:
+        the KV-cache manager releases blocks outside it)."""
+        kv_cache = KVCacheManager(num_blocks, block_size, enable_prefix_caching, sliding_window)
         limits = SchedulerLimits(
             max_num_seqs,
             max_num_batched_tokens,
@@ -173,7 +175,8 @@ class SchedulerDriver:
         if num_prompt > limits.max_num_batched_tokens and not self.allows_chunking:
             raise ValueError(f"{request_id}: the prompt exceeds the token budget")
         num_total = min(num_prompt + max_tokens, limits.max_model_len)
-        if self.kv_cache.num_blocks_for(num_total) > self.kv_cache.num_blocks:
+        step_tokens = limits.max_num_batched_tokens if self.allows_chunking else None
+        if self.kv_cache.max_blocks_held(num_total, step_tokens) > self.kv_cache.num_blocks:
             raise ValueError(f"{request_id}: may need more blocks than the cache has")
 
     def abort(self, request_ids: list[str]) -> None:
@@ -312,7 +315,7 @@ class SchedulerDriver:
         """Every block is free or held, with reference counts equal to its holders."""
         holders: dict[int, int] = {}
         for request_id in self.scheduler.requests:
-            for block_id in self.kv_cache.block_ids_of(request_id):
+            for block_id in self.kv_cache.held_block_ids_of(request_id):
                 holders[block_id] = holders.get(block_id, 0) + 1
         assert len(holders) + self.kv_cache.num_free_blocks == self.kv_cache.num_blocks, (
             f"{self.kv_cache.num_blocks} blocks, {len(holders)} held by live requests, "

@@ -23,7 +23,12 @@ ARCHITECTURES = (
     "Qwen2MoeForCausalLM",
     "Qwen3MoeForCausalLM",
     "OlmoeForCausalLM",
+    "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
 )
+
+#: Config classes whose name is not the architecture's with ``Config`` for ``ForCausalLM``.
+_CONFIG_CLASSES = {"Gemma3ForCausalLM": "Gemma3TextConfig"}
 
 BOS_TOKEN = "<s>"
 EOS_TOKEN = "</s>"
@@ -105,7 +110,8 @@ def make_tiny_config(
 
     if architecture not in ARCHITECTURES:
         raise ValueError(f"unknown architecture {architecture!r}; expected one of {ARCHITECTURES}")
-    config_cls = getattr(transformers, architecture.replace("ForCausalLM", "Config"))
+    config_name = _CONFIG_CLASSES.get(architecture, architecture.replace("ForCausalLM", "Config"))
+    config_cls = getattr(transformers, config_name)
     fields = dict(_CONFIG_DEFAULTS)
     if architecture == "Qwen3ForCausalLM":
         fields["head_dim"] = 32  # deliberately != hidden_size // num_attention_heads
@@ -137,6 +143,26 @@ def make_tiny_config(
     if architecture == "Phi3ForCausalLM":
         fields["partial_rotary_factor"] = 0.5  # as Phi-4-mini: half of each head rotates
         fields.update(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    if architecture in ("Gemma2ForCausalLM", "Gemma3ForCausalLM"):
+        # Windows far shorter than the tests' prompts, local layer then global layer, a
+        # query scale != head_dim, caps that bite on tiny random scores (Gemma 2); smaller
+        # weights, since the embedding scale (sqrt(hidden)) otherwise makes every layer
+        # repeat the last token.
+        fields.update(
+            initializer_range=0.05,
+            head_dim=16 if architecture == "Gemma2ForCausalLM" else 32,
+            query_pre_attn_scalar=24,
+            sliding_window=12,
+            layer_types=["sliding_attention", "full_attention"],
+            hidden_activation="gelu_pytorch_tanh",
+        )
+    if architecture == "Gemma2ForCausalLM":
+        fields.update(attn_logit_softcapping=1.0, final_logit_softcapping=2.0)
+    if architecture == "Gemma3ForCausalLM":
+        fields["rope_parameters"] = {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+        }
     fields.update(
         vocab_size=vocab_size,
         num_key_value_heads=num_kv_heads,

@@ -21,6 +21,8 @@ class CachedRequestState:
     ``sampling_params.min_tokens`` output tokens exist (EOS and ``stop_token_ids``).
     ``has_sampling_extras``: the request uses min-p, a penalty, logprobs or min_tokens,
     so a step whose rows all lack it skips building their inputs with one check.
+    ``uses_long_rope``: with LongRoPE, the request's cached keys were computed with the
+    long factors (see :class:`~vlite.worker.model_runner.ModelRunner`).
     """
 
     request_id: str
@@ -32,6 +34,7 @@ class CachedRequestState:
     generator: torch.Generator | None = None
     min_tokens_stop_ids: list[int] = field(default_factory=list)
     has_sampling_extras: bool = False
+    uses_long_rope: bool = False
 
     @property
     def num_output_tokens(self) -> int:
@@ -63,11 +66,13 @@ def prepare_inputs(
     num_scheduled: list[int],
     block_size: int,
     device: torch.device,
+    long_rope: list[bool] | None = None,
 ) -> ModelInputs:
     """Lay the scheduled tokens of ``states`` end to end, with positions and cache slots.
 
     ``num_scheduled[i]`` new tokens of ``states[i]`` are computed, starting at its
-    ``num_computed_tokens``.
+    ``num_computed_tokens``. ``long_rope[i]`` (LongRoPE models only): ``states[i]``'s
+    tokens are rotated with the long factors (``AttentionMetadata.use_long_rope``).
     """
     num_computed = np.fromiter((s.num_computed_tokens for s in states), np.int64, len(states))
     query_lens = np.asarray(num_scheduled, dtype=np.int64)
@@ -100,6 +105,9 @@ def prepare_inputs(
         query_lens_cpu=query_lens.tolist(),
         seq_lens_cpu=seq_lens.tolist(),
     )
+    if long_rope is not None:
+        per_token = np.repeat(np.asarray(long_rope, dtype=np.bool_), query_lens)
+        metadata.use_long_rope = to_device(per_token, torch.bool)
     return ModelInputs(
         input_ids=to_device(input_ids, torch.int64),
         positions=to_device(positions, torch.int64),

@@ -31,6 +31,8 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
         self.requests: dict[str, CachedRequestState] = {}
         self._pending: tuple[ModelInputs, torch.Tensor] | None = None
+        #: LongRoPE models: sequences of more known tokens use the long factors.
+        self.long_rope_threshold: int | None = getattr(model, "long_rope_threshold", None)
 
     def initialize_kv_cache(self, num_blocks: int, dtype: torch.dtype) -> None:
         shape = self.model.attention.kv_cache_shape(num_blocks)
@@ -46,14 +48,42 @@ class ModelRunner:
         for request_id in scheduler_output.finished_request_ids:
             self.requests.pop(request_id, None)
         for new in scheduler_output.new_requests:
-            self.requests[new.request_id] = self._new_request_state(new)
+            state = self.requests[new.request_id] = self._new_request_state(new)
+            self._start_long_rope(state)
         for cached in scheduler_output.cached_requests:
             state = self.requests[cached.request_id]
             if cached.is_resumed:
                 state.block_ids = list(cached.new_block_ids)
+                self._start_long_rope(state)
             else:
                 state.block_ids += cached.new_block_ids
             state.num_computed_tokens = cached.num_computed_tokens
+
+    def _start_long_rope(self, state: CachedRequestState) -> None:
+        """LongRoPE: a request (re)admitted with more known tokens than the threshold
+        computes all of them with the long factors."""
+        if self.long_rope_threshold is not None:
+            state.uses_long_rope = len(state.token_ids) > self.long_rope_threshold
+
+    def _long_rope_flags(
+        self, states: list[CachedRequestState], num_scheduled: list[int]
+    ) -> list[bool]:
+        """LongRoPE: whether each sequence is rotated with the long factors this step.
+
+        As in transformers' Phi-3 generation, a sequence's logits come from every one of its
+        tokens rotated with the long factors once it has more known tokens than the
+        threshold. A sequence that outgrows it now recomputes its cached keys (rotated with
+        the short factors) from position 0 in this step, into the blocks it holds:
+        ``num_scheduled`` and ``num_computed_tokens`` are updated for that.
+        """
+        flags = []
+        for index, state in enumerate(states):
+            if not state.uses_long_rope and len(state.token_ids) > self.long_rope_threshold:
+                num_scheduled[index] += state.num_computed_tokens
+                state.num_computed_tokens = 0
+                state.uses_long_rope = True
+            flags.append(state.uses_long_rope)
+        return flags
 
     def _new_request_state(self, new: NewRequestData) -> CachedRequestState:
         params = new.sampling_params
@@ -87,12 +117,16 @@ class ModelRunner:
             return
         scheduled = scheduler_output.num_scheduled_tokens
         states = [self.requests[request_id] for request_id in scheduled]
-        inputs = prepare_inputs(states, list(scheduled.values()), self.block_size, self.device)
+        num_scheduled = list(scheduled.values())
+        long_rope = None
+        if self.long_rope_threshold is not None:
+            long_rope = self._long_rope_flags(states, num_scheduled)
+        inputs = prepare_inputs(states, num_scheduled, self.block_size, self.device, long_rope)
         hidden = self.model.forward(
             inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata
         )
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
-        for state, num_tokens in zip(states, scheduled.values()):
+        for state, num_tokens in zip(states, num_scheduled):
             state.num_computed_tokens += num_tokens
         self._pending = (inputs, logits)
 

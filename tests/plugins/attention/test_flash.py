@@ -121,10 +121,15 @@ def _varlen_reference(
     softmax_scale,
     causal,
     block_table=None,
+    window_size=(-1, -1),
 ):
     """flash-attn's ``flash_attn_varlen_func`` semantics, densely: with ``block_table``,
-    ``k``/``v`` are paged ``[num_blocks, page, heads, dim]``; causal is bottom-right."""
+    ``k``/``v`` are paged ``[num_blocks, page, heads, dim]``; causal is bottom-right; a
+    ``window_size`` ``(left, 0)`` lets query ``p`` see keys ``p - left .. p``."""
     assert causal and q.dtype == k.dtype
+    left, right = window_size
+    assert right in (-1, 0)
+    window = None if left < 0 else left + 1
     outputs = []
     for i in range(len(cu_seqlens_q) - 1):
         q_i = q[cu_seqlens_q[i] : cu_seqlens_q[i + 1]]
@@ -138,7 +143,7 @@ def _varlen_reference(
             blocks = block_table[i, : -(-seq_len // page)].long()
             k_i = k[blocks].flatten(0, 1)[:seq_len]
             v_i = v[blocks].flatten(0, 1)[:seq_len]
-        outputs.append(dense_causal_attention(q_i, k_i, v_i, softmax_scale).to(q.dtype))
+        outputs.append(dense_causal_attention(q_i, k_i, v_i, softmax_scale, window).to(q.dtype))
     return torch.cat(outputs)
 
 
@@ -156,8 +161,9 @@ def fake_flash_attn(monkeypatch):
     return calls
 
 
+@pytest.mark.parametrize("window", [None, 7])
 @pytest.mark.parametrize("block_size, path", [(16, "gathered"), (256, "paged")])
-def test_cuda_glue_matches_dense_attention(fake_flash_attn, block_size, path):
+def test_cuda_glue_matches_dense_attention(fake_flash_attn, block_size, path, window):
     shape = AttentionShape(64, 2, block_size)
     backend = make_backend(shape)
     gen = torch.Generator().manual_seed(0)
@@ -170,7 +176,7 @@ def test_cuda_glue_matches_dense_attention(fake_flash_attn, block_size, path):
     cache = torch.randn(backend.kv_cache_shape(sum(num_blocks) + 2), generator=gen)
     query = torch.randn(sum(new for _, new in spans), shape.num_heads, 64, generator=gen)
 
-    out = backend._flash_attn_varlen(query, cache, metadata)
+    out = backend._flash_attn_varlen(query, cache, metadata, window)
 
     assert fake_flash_attn == [path]
     flat = cache.view(2, -1, shape.num_kv_heads, 64)
@@ -179,7 +185,8 @@ def test_cuda_glue_matches_dense_attention(fake_flash_attn, block_size, path):
         positions = torch.arange(cached + new)
         slots = torch.tensor(table)[positions // block_size] * block_size + positions % block_size
         q = query[start : start + new]
-        expected.append(dense_causal_attention(q, flat[0, slots], flat[1, slots], shape.scale))
+        keys, values = flat[0, slots], flat[1, slots]
+        expected.append(dense_causal_attention(q, keys, values, shape.scale, window))
         start += new
     torch.testing.assert_close(out.double(), torch.cat(expected), atol=1e-5, rtol=1e-5)
 

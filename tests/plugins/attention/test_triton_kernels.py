@@ -42,9 +42,9 @@ def make_backend(shape: AttentionShape, num_splits: int | None = None) -> Triton
     return backend
 
 
-def check(backend, shape, batch, dtype=torch.float32, seed=0) -> None:
+def check(backend, shape, batch, dtype=torch.float32, seed=0, sliding_window=None) -> None:
     tol = TOLERANCES[dtype]
-    for result in run_case(backend, shape, batch, dtype, seed, DEVICE):
+    for result in run_case(backend, shape, batch, dtype, seed, DEVICE, sliding_window):
         assert result.output.dtype == dtype
         torch.testing.assert_close(
             result.output.double(),
@@ -129,6 +129,17 @@ def test_split_k_matches_dense_attention(kernels, num_splits):
     shape = AttentionShape(64, 4, 16)
     batch = [(100, 1), (3, 1), (47, 1), (60, 20), (0, 33)]
     check(make_backend(shape, num_splits), shape, batch, seed=num_splits)
+
+
+@pytest.mark.parametrize("num_splits", [None, 3])
+@pytest.mark.parametrize("window", [5, 16, 37])
+def test_sliding_window_over_query_blocks_and_splits(kernels, window, num_splits):
+    """Windows shorter than, equal to and longer than a cache block, over a long prefill
+    (several query blocks, each with its own lower window edge), cached-prefix prefills and
+    decodes, with the keys split or not; out-of-window blocks hold fresh garbage."""
+    shape = AttentionShape(64, 2, 16)
+    batch = [(40, 150), (70, 1), (0, 9), (15, 1), (33, 20)]
+    check(make_backend(shape, num_splits), shape, batch, seed=window, sliding_window=window)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)

@@ -201,3 +201,23 @@ def test_cuda_random_batches_with_the_split_heuristic():
             torch.testing.assert_close(
                 result.output.double(), result.expected, atol=3e-2, rtol=3e-2
             )
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("num_splits", [None, 4])
+@pytest.mark.parametrize("soft_cap", [None, 1.0])
+def test_cuda_sliding_window_matches_dense_attention(dtype, num_splits, soft_cap):
+    tol = {torch.float32: 1e-4, torch.bfloat16: 3e-2}[dtype]
+    shape = AttentionShape(128, 4, 16, num_kv_heads=8)
+    backend = TritonAttentionBackend(
+        shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.scale, shape.block_size
+    )
+    backend.num_splits = num_splits
+    rng = random.Random(2)
+    batch = [(rng.randint(0, 600), rng.choice([1, 1, 1, 37, 300])) for _ in range(24)]
+    for window in (7, 64, 250):
+        results = run_case(backend, shape, batch, dtype, 3, "cuda", window, soft_cap)
+        for result in results:
+            torch.testing.assert_close(result.output.double(), result.expected, atol=tol, rtol=tol)

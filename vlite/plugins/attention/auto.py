@@ -56,6 +56,8 @@ class AutoAttentionBackend(AttentionBackend):
 
     supported_dtypes = (torch.float32, torch.bfloat16, torch.float16)
     supports_prefix_caching = True  # every candidate supports it
+    supports_sliding_window = True  # likewise
+    supports_logits_soft_cap = True  # likewise
 
     def __init__(
         self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, block_size: int
@@ -118,9 +120,11 @@ class AutoAttentionBackend(AttentionBackend):
         value: torch.Tensor,
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
+        **layer_options: Any,
     ) -> torch.Tensor:
-        """The delegate's :meth:`~AttentionBackend.forward`."""
-        return self.delegate.forward(query, key, value, kv_cache, metadata)
+        """The delegate's :meth:`~AttentionBackend.forward` (with the layer's
+        ``sliding_window``/``logits_soft_cap``, when given)."""
+        return self.delegate.forward(query, key, value, kv_cache, metadata, **layer_options)
 
 
 @hookimpl

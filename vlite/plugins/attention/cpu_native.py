@@ -7,7 +7,7 @@ prompt chunks, prefix-cache hits and decodes are one code path (each token sees 
 ``0..position``). The kernel (``vlite/kernels/paged_attention.c``) is compiled on first use
 (:mod:`vlite.kernels.native`); it computes in float32, with an online softmax rescaled once
 per cache block, so its results match the ``torch`` reference to float32 rounding, not bit
-for bit.
+for bit. A windowed layer's tokens start at their window's first key.
 
 ``auto`` prefers it on the CPU for float32 models; bfloat16/float16 stay with ``torch``.
 """
@@ -30,6 +30,8 @@ class CpuAttentionBackend(AttentionBackend):
 
     supported_dtypes = (torch.float32,)
     supported_block_sizes = (16, 32, 64)
+    supports_sliding_window = True
+    supports_logits_soft_cap = True  # through the torch reference
 
     def __init__(
         self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, block_size: int
@@ -73,15 +75,30 @@ class CpuAttentionBackend(AttentionBackend):
         value: torch.Tensor,
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
+        *,
+        sliding_window: int | None = None,
+        logits_soft_cap: float | None = None,
     ) -> torch.Tensor:
         """See :meth:`AttentionBackend.forward`. Returns ``[num_tokens, num_heads, head_dim]``.
 
         A cache that is not a float32 CPU tensor (outside :attr:`supported_dtypes`, e.g.
-        when ``auto`` is constructed directly and then fed bfloat16) goes to the ``torch``
-        reference instead.
+        when ``auto`` is constructed directly and then fed bfloat16), and a soft-capped
+        layer (the kernel has no cap), go to the ``torch`` reference instead.
         """
-        if kv_cache.dtype != torch.float32 or kv_cache.device.type != "cpu":
-            return self._reference().forward(query, key, value, kv_cache, metadata)
+        if (
+            kv_cache.dtype != torch.float32
+            or kv_cache.device.type != "cpu"
+            or logits_soft_cap is not None
+        ):
+            return self._reference().forward(
+                query,
+                key,
+                value,
+                kv_cache,
+                metadata,
+                sliding_window=sliding_window,
+                logits_soft_cap=logits_soft_cap,
+            )
         if metadata is not self._step_metadata:  # the first layer of a step
             self._step = self._kernel.step(
                 metadata.slot_mapping,
@@ -92,7 +109,7 @@ class CpuAttentionBackend(AttentionBackend):
             )
             self._step_metadata = metadata
         query, key, value = (_float32_rows(t) for t in (query, key, value))
-        return self._step(query, key, value, kv_cache)
+        return self._step(query, key, value, kv_cache, sliding_window)
 
 
 def _float32_rows(tensor: torch.Tensor) -> torch.Tensor:

@@ -87,6 +87,8 @@ class FlashAttentionBackend(TorchAttentionBackend):
     supported_head_dims = tuple(range(8, 257, 8))
     supported_block_sizes = None
     supports_prefix_caching = True
+    supports_sliding_window = True
+    supports_logits_soft_cap = True
 
     def __init__(
         self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, block_size: int
@@ -127,21 +129,44 @@ class FlashAttentionBackend(TorchAttentionBackend):
         value: torch.Tensor,
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
+        *,
+        sliding_window: int | None = None,
+        logits_soft_cap: float | None = None,
     ) -> torch.Tensor:
-        """See :meth:`AttentionBackend.forward`. Returns ``[num_tokens, num_heads, head_dim]``."""
+        """See :meth:`AttentionBackend.forward`. Returns ``[num_tokens, num_heads, head_dim]``.
+
+        On CPU a soft-capped layer computes its scores explicitly as the reference does
+        (PyTorch's flash SDPA has no cap)."""
         if query.device.type == "cuda":
             self.write_kv(key, value, kv_cache, metadata.slot_mapping)
-            return self._flash_attn_varlen(query, kv_cache, metadata)
+            return self._flash_attn_varlen(
+                query, kv_cache, metadata, sliding_window, logits_soft_cap
+            )
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         # The reference's gather-and-SDPA structure, with SDPA pinned to the flash kernel.
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            return super().forward(query, key, value, kv_cache, metadata)
+            return super().forward(
+                query,
+                key,
+                value,
+                kv_cache,
+                metadata,
+                sliding_window=sliding_window,
+                logits_soft_cap=logits_soft_cap,
+            )
 
     def _flash_attn_varlen(
-        self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
+        self,
+        query: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        sliding_window: int | None = None,
+        logits_soft_cap: float | None = None,
     ) -> torch.Tensor:
-        """flash-attn over the paged cache (in place, or gathered for small blocks)."""
+        """flash-attn over the paged cache (in place, or gathered for small blocks); a
+        window of ``W`` keys is flash-attn's ``window_size=(W - 1, 0)``, a soft cap its
+        ``softcap``."""
         from flash_attn import flash_attn_varlen_func
 
         key_cache, value_cache = kv_cache[0], kv_cache[1]  # [blocks, block_size, kv_heads, D]
@@ -155,6 +180,10 @@ class FlashAttentionBackend(TorchAttentionBackend):
             "softmax_scale": self.scale,
             "causal": True,
         }
+        if sliding_window is not None:
+            common["window_size"] = (sliding_window - 1, 0)
+        if logits_soft_cap is not None:
+            common["softcap"] = logits_soft_cap
         if self.block_size % FLASH_ATTN_PAGE_MULTIPLE == 0:
             return flash_attn_varlen_func(
                 query, key_cache, value_cache, block_table=metadata.block_tables, **common

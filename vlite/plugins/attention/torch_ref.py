@@ -9,7 +9,10 @@ CPU backend, so it avoids needless slowness:
   each over exactly its own context, so a long prefill never pads the decodes beside it.
 
 Contexts are always read back from the paged cache after the new keys/values are written, so
-the cache layout is exercised on every call.
+the cache layout is exercised on every call. A windowed layer (``sliding_window``) reads
+a prefill's context from the first block its first query can see, and masks the rest. A
+layer with ``logits_soft_cap`` (Gemma 2) computes its scores explicitly, since SDPA cannot
+cap them: ``cap * tanh(scores / cap)`` before the mask and the softmax.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ class TorchAttentionBackend(AttentionBackend):
     head_dim]``, index 0 keys, index 1 values.
     """
 
+    supports_sliding_window = True
+    supports_logits_soft_cap = True
+
     def forward(
         self,
         query: torch.Tensor,
@@ -35,12 +41,22 @@ class TorchAttentionBackend(AttentionBackend):
         value: torch.Tensor,
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
+        *,
+        sliding_window: int | None = None,
+        logits_soft_cap: float | None = None,
     ) -> torch.Tensor:
         """See :meth:`AttentionBackend.forward`. Returns ``[num_tokens, num_heads, head_dim]``."""
         self.write_kv(key, value, kv_cache, metadata.slot_mapping)
+        window, cap = sliding_window, logits_soft_cap
         if metadata.is_all_decode:
             return self._decode(
-                query, kv_cache, metadata.block_tables, metadata.seq_lens, metadata.max_seq_len
+                query,
+                kv_cache,
+                metadata.block_tables,
+                metadata.seq_lens,
+                metadata.max_seq_len,
+                window,
+                cap,
             )
 
         output = torch.empty_like(query)
@@ -55,12 +71,19 @@ class TorchAttentionBackend(AttentionBackend):
                 metadata.block_tables[seq_index],
                 metadata.seq_lens[seq_index],
                 max(metadata.seq_lens_cpu[i] for i in decode_seqs),
+                window,
+                cap,
             )
         for i, query_len in enumerate(metadata.query_lens_cpu):
             if query_len > 1:
                 rows = slice(starts[i], starts[i] + query_len)
                 output[rows] = self._prefill(
-                    query[rows], kv_cache, metadata.block_tables[i], metadata.seq_lens_cpu[i]
+                    query[rows],
+                    kv_cache,
+                    metadata.block_tables[i],
+                    metadata.seq_lens_cpu[i],
+                    window,
+                    cap,
                 )
         return output
 
@@ -78,13 +101,19 @@ class TorchAttentionBackend(AttentionBackend):
         value_slots.index_copy_(0, slot_mapping, value.to(kv_cache.dtype))
 
     def _gather_context(
-        self, kv_cache: torch.Tensor, block_tables: torch.Tensor, num_blocks: int
+        self,
+        kv_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        num_blocks: int,
+        first_block: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Read the first ``num_blocks`` blocks of each row of ``block_tables`` ``[S, B]``.
+        """Read blocks ``first_block:num_blocks`` of each row of ``block_tables`` ``[S, B]``.
 
-        Returns keys and values ``[S, num_kv_heads, num_blocks * block_size, head_dim]``.
+        Returns keys and values ``[S, num_kv_heads, (num_blocks - first_block) * block_size,
+        head_dim]``.
         """
-        blocks = block_tables[:, :num_blocks].long()  # [S, num_blocks]
+        blocks = block_tables[:, first_block:num_blocks].long()  # [S, num_read]
+        num_blocks -= first_block
         num_seqs = blocks.shape[0]
         keys = kv_cache[0][blocks]  # [S, num_blocks, block_size, kv_heads, dim]
         values = kv_cache[1][blocks]
@@ -98,6 +127,8 @@ class TorchAttentionBackend(AttentionBackend):
         block_tables: torch.Tensor,
         seq_lens: torch.Tensor,
         max_seq_len: int,
+        window: int | None = None,
+        soft_cap: float | None = None,
     ) -> torch.Tensor:
         """One query token per sequence, batched over sequences with a padding mask.
 
@@ -106,6 +137,8 @@ class TorchAttentionBackend(AttentionBackend):
             block_tables: ``[S, max_num_blocks]``.
             seq_lens: ``[S]`` context lengths (device tensor; no host sync is needed).
             max_seq_len: ``max(seq_lens)`` as a host int; bounds how many blocks are read.
+            window: the layer's sliding window, if any.
+            soft_cap: the layer's attention logit soft cap, if any.
 
         Returns:
             ``[S, num_heads, head_dim]``.
@@ -114,57 +147,121 @@ class TorchAttentionBackend(AttentionBackend):
         keys, values = self._gather_context(kv_cache, block_tables, num_blocks)
         context_len = keys.shape[2]
         positions = torch.arange(context_len, device=query.device)
-        mask = positions[None, :] < seq_lens[:, None].to(positions.dtype)  # [S, L]
-        out = F.scaled_dot_product_attention(
+        lens = seq_lens[:, None].to(positions.dtype)
+        mask = positions[None, :] < lens  # [S, L]
+        if window is not None:
+            mask &= positions[None, :] >= lens - window
+        out = self._attend(
             query.unsqueeze(2),  # [S, num_heads, 1, head_dim]
             keys.to(query.dtype),
             values.to(query.dtype),
-            attn_mask=mask[:, None, None, :],
-            scale=self.scale,
-            enable_gqa=self.num_queries_per_kv > 1,
+            mask[:, None, None, :],
+            soft_cap,
         )
         return out.squeeze(2)
 
     def _prefill(
-        self, query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int
+        self,
+        query: torch.Tensor,
+        kv_cache: torch.Tensor,
+        block_table: torch.Tensor,
+        seq_len: int,
+        window: int | None = None,
+        soft_cap: float | None = None,
     ) -> torch.Tensor:
-        """Several new tokens of one sequence, attending causally to its whole context.
+        """Several new tokens of one sequence, attending causally to its context.
 
         Args:
             query: ``[query_len, num_heads, head_dim]``, the last ``query_len`` positions of a
                 context of ``seq_len`` tokens.
             block_table: ``[max_num_blocks]`` the sequence's blocks.
+            window: the layer's sliding window, if any: blocks before the first query's
+                window are not read.
+            soft_cap: the layer's attention logit soft cap, if any.
 
         Returns:
             ``[query_len, num_heads, head_dim]``.
         """
         query_len = query.shape[0]
         num_blocks = -(-seq_len // self.block_size)
-        keys, values = self._gather_context(kv_cache, block_table[None], num_blocks)
-        keys = keys[:, :, :seq_len].to(query.dtype)  # [1, kv_heads, seq_len, dim]
-        values = values[:, :, :seq_len].to(query.dtype)
+        first_key = 0 if window is None else max(0, seq_len - query_len - window + 1)
+        first_block = first_key // self.block_size
+        keys, values = self._gather_context(kv_cache, block_table[None], num_blocks, first_block)
+        offset = first_block * self.block_size  # context position of the first key read
+        keys = keys[:, :, : seq_len - offset].to(query.dtype)  # [1, kv_heads, keys, dim]
+        values = values[:, :, : seq_len - offset].to(query.dtype)
         q = query.transpose(0, 1).unsqueeze(0)  # [1, num_heads, query_len, dim]
-        gqa = self.num_queries_per_kv > 1
-        if query_len == seq_len:
-            out = F.scaled_dot_product_attention(
-                q, keys, values, is_causal=True, scale=self.scale, enable_gqa=gqa
-            )
-        else:
-            # Query j sits at context position seq_len - query_len + j.
-            mask = causal_mask(query_len, seq_len, query.device)
-            out = F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=mask, scale=self.scale, enable_gqa=gqa
-            )
+        mask = None  # a square causal mask, SDPA's is_causal
+        if query_len != seq_len or window is not None or soft_cap is not None:
+            mask = causal_mask(query_len, seq_len, query.device, window, offset)
+        out = self._attend(q, keys, values, mask, soft_cap)
         return out.squeeze(0).transpose(0, 1)
 
+    def _attend(
+        self,
+        query: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        mask: torch.Tensor | None,
+        soft_cap: float | None,
+    ) -> torch.Tensor:
+        """``query`` ``[S, H, Lq, D]`` over ``keys``/``values`` ``[S, Hkv, Lk, D]`` where
+        ``mask`` (broadcast to ``[S, H, Lq, Lk]``, True: visible; ``None``: causal, square)
+        allows -> ``[S, H, Lq, D]``."""
+        gqa = self.num_queries_per_kv > 1
+        if soft_cap is not None:
+            return soft_capped_attention(query, keys, values, mask, self.scale, soft_cap)
+        if mask is None:
+            return F.scaled_dot_product_attention(
+                query, keys, values, is_causal=True, scale=self.scale, enable_gqa=gqa
+            )
+        return F.scaled_dot_product_attention(
+            query, keys, values, attn_mask=mask, scale=self.scale, enable_gqa=gqa
+        )
 
-def causal_mask(query_len: int, seq_len: int, device: torch.device) -> torch.Tensor:
-    """``[query_len, seq_len]`` bool, True where the query may attend: the queries are the last
-    ``query_len`` positions of the context, so query ``j`` sees keys ``<= seq_len - query_len
-    + j``."""
+
+def soft_capped_attention(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    soft_cap: float,
+) -> torch.Tensor:
+    """Attention with logits capped as Gemma 2 caps them: ``cap * tanh(scale * q.k / cap)``,
+    masked, softmax in float32. Shapes as :meth:`TorchAttentionBackend._attend`'s."""
+    group = query.shape[1] // keys.shape[1]
+    keys = keys.repeat_interleave(group, dim=1)
+    values = values.repeat_interleave(group, dim=1)
+    scores = torch.matmul(query, keys.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / soft_cap) * soft_cap
+    if mask is None:
+        length = scores.shape[-1]
+        mask = torch.ones(length, length, dtype=torch.bool, device=scores.device).tril()
+    scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(weights, values)
+
+
+def causal_mask(
+    query_len: int,
+    seq_len: int,
+    device: torch.device,
+    window: int | None = None,
+    first_key: int = 0,
+) -> torch.Tensor:
+    """``[query_len, seq_len - first_key]`` bool, True where the query may attend.
+
+    The queries are the last ``query_len`` positions of a context of ``seq_len`` tokens, so
+    query ``j`` at position ``p = seq_len - query_len + j`` sees keys ``<= p`` (and, with a
+    ``window``, ``> p - window``); the columns are key positions ``first_key:seq_len``.
+    """
     query_pos = torch.arange(seq_len - query_len, seq_len, device=device)
-    key_pos = torch.arange(seq_len, device=device)
-    return key_pos[None, :] <= query_pos[:, None]
+    key_pos = torch.arange(first_key, seq_len, device=device)
+    visible = key_pos[None, :] <= query_pos[:, None]
+    if window is not None:
+        visible &= key_pos[None, :] > query_pos[:, None] - window
+    return visible
 
 
 def _cumsum(lengths: list[int]) -> list[int]:

@@ -53,6 +53,8 @@ class TritonAttentionBackend(AttentionBackend):
     supported_head_dims = tuple(range(16, 257, 16))
     supported_block_sizes = (16, 32, 64, 128, 256)
     supports_prefix_caching = True
+    supports_sliding_window = True
+    supports_logits_soft_cap = True
 
     def __init__(
         self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, block_size: int
@@ -94,6 +96,9 @@ class TritonAttentionBackend(AttentionBackend):
         value: torch.Tensor,
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
+        *,
+        sliding_window: int | None = None,
+        logits_soft_cap: float | None = None,
     ) -> torch.Tensor:
         """See :meth:`AttentionBackend.forward`. Returns ``[num_tokens, num_heads, head_dim]``."""
         kernels = self.kernels_for(query.device)
@@ -111,6 +116,8 @@ class TritonAttentionBackend(AttentionBackend):
             scale=self.scale,
             num_splits=self.num_splits,
             workspace=self._workspaces[query.device.type],
+            sliding_window=sliding_window,
+            logits_soft_cap=logits_soft_cap,
         )
 
 

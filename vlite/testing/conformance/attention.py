@@ -37,6 +37,7 @@ class AttentionBackendConformance(PluginConformance):
 
     Capability flags and limits (class attributes of the backend, see
     :class:`~vlite.core.attention.AttentionBackend`): ``supports_prefix_caching``,
+    ``supports_sliding_window``, ``supports_logits_soft_cap``,
     ``supported_dtypes``, ``supported_head_dims``, ``supported_block_sizes``; shapes outside
     the backend's limits are skipped.
 
@@ -57,8 +58,14 @@ class AttentionBackendConformance(PluginConformance):
     all_shape_combinations: ClassVar[bool] = False
     tolerances: ClassVar[dict[torch.dtype, tuple[float, float]]] = DEFAULT_TOLERANCES
     device: ClassVar[str] = "cpu"
-    capability_defaults: ClassVar[dict[str, bool]] = {"supports_prefix_caching": True}
+    capability_defaults: ClassVar[dict[str, bool]] = {
+        "supports_prefix_caching": True,
+        "supports_sliding_window": False,
+        "supports_logits_soft_cap": False,
+    }
     supports_prefix_caching: ClassVar[bool | None] = None
+    supports_sliding_window: ClassVar[bool | None] = None
+    supports_logits_soft_cap: ClassVar[bool | None] = None
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         if "attention_shape" in metafunc.fixturenames:
@@ -112,9 +119,14 @@ class AttentionBackendConformance(PluginConformance):
         batch: list[tuple[int, int]],
         dtype: torch.dtype = torch.float32,
         seed: int = 0,
+        sliding_window: int | None = None,
+        soft_cap: float | None = None,
     ) -> None:
         atol, rtol = self.tolerances[dtype]
-        for result in run_case(backend, shape, batch, dtype, seed, self.device):
+        results = run_case(
+            backend, shape, batch, dtype, seed, self.device, sliding_window, soft_cap
+        )
+        for result in results:
             assert result.output.shape == result.expected.shape, (
                 f"{result.step} step: output shape {tuple(result.output.shape)}, "
                 f"expected {tuple(result.expected.shape)}"
@@ -170,6 +182,36 @@ class AttentionBackendConformance(PluginConformance):
         backend = self.make_backend(plugin_cls, shape)
         bs = shape.block_size
         self.check_case(backend, shape, [(bs, 3), (2 * bs, bs + 1), (3 * bs, 2 * bs)])
+
+    @pytest.mark.parametrize("window", ["1", "block-1", "block+3", "3blocks"])
+    def test_sliding_window_matches_dense_attention(self, plugin_cls, window) -> None:
+        """A windowed layer sees only its last ``window`` keys, and never reads blocks wholly
+        before its first query's window (they are refilled with garbage before each step)."""
+        self.require(plugin_cls, "supports_sliding_window")
+        shape = AttentionShape(self.head_dims[0], self.gqa_ratios[-1], self.block_sizes[0])
+        backend = self.make_backend(plugin_cls, shape)
+        bs = shape.block_size
+        size = {"1": 1, "block-1": bs - 1, "block+3": bs + 3, "3blocks": 3 * bs}[window]
+        cached_prefill = self.claims(plugin_cls, "supports_prefix_caching")
+        batch = boundary_batch(bs, cached_prefill) + [(4 * bs + 2, 1), (0, 5 * bs + 1)]
+        if cached_prefill:
+            batch.append((4 * bs - 1, 2 * bs))
+        self.check_case(backend, shape, batch, sliding_window=size)
+
+    @pytest.mark.parametrize("window", [None, 5])
+    def test_logits_soft_cap_matches_dense_attention(self, plugin_cls, window) -> None:
+        """Scores capped at ``cap * tanh(score / cap)`` (a cap of 2 bites on these random
+        scores), alone and with a sliding window (Gemma 2's local layers)."""
+        self.require(plugin_cls, "supports_logits_soft_cap")
+        if window is not None:
+            self.require(plugin_cls, "supports_sliding_window")
+        shape = AttentionShape(
+            self.head_dims[0], self.gqa_ratios[-1], self.block_sizes[0], softmax_scale=1.0
+        )
+        backend = self.make_backend(plugin_cls, shape)
+        cached_prefill = self.claims(plugin_cls, "supports_prefix_caching")
+        batch = boundary_batch(shape.block_size, cached_prefill)
+        self.check_case(backend, shape, batch, sliding_window=window, soft_cap=2.0)
 
     @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
     def test_low_precision_matches_within_tolerance(self, plugin_cls, dtype) -> None:

@@ -4,7 +4,9 @@ One kernel serves every batch: each program takes ``block_q`` query tokens of on
 sequence and the query heads of one KV head's group, walks that sequence's context through
 its block table ``tile_n`` keys at a time with an online softmax (``exp2``, running max and
 sum in float32), and masks causally: a query at context position ``p`` sees keys ``<= p``,
-so cached prefixes, prompt chunks and one-token decodes need no separate paths.
+so cached prefixes, prompt chunks and one-token decodes need no separate paths. A windowed
+layer (``SLIDING``) starts each program at the tile of its first row's first visible key
+and masks the window's lower edge as it masks the causal one.
 
 Grid: ``(query blocks, KV heads, splits)``. With ``num_splits > 1`` (split-K /
 flash-decoding, see :func:`~.config.choose_num_splits`) each program covers one contiguous
@@ -63,8 +65,12 @@ def _attend_tile(
     query_pos,  # [BLOCK_M] context position of each row's query
     dims,  # [HEAD_DIM_P2]
     qk_scale,
+    window,  # the layer's sliding window (read only when SLIDING)
+    soft_cap,  # the layer's logit cap times log2(e) (read only when SOFT_CAP)
     stride_cache_block,
     stride_cache_slot,
+    SLIDING: tl.constexpr,
+    SOFT_CAP: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     TILE_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -75,7 +81,8 @@ def _attend_tile(
 ):
     """One online-softmax step over keys ``[tile * TILE_N, (tile + 1) * TILE_N)``.
 
-    Unmasked tiles (``MASKED=False``) must be wholly visible to every row.
+    Unmasked tiles (``MASKED=False``) must be wholly visible to every row; masked ones hide
+    keys after a row's query and, when ``SLIDING``, keys at or before ``query - window``.
     """
     first_key = tile * TILE_N
     if TILE_N <= BLOCK_SIZE:
@@ -117,8 +124,13 @@ def _attend_tile(
     if UPCAST_DOT:
         k = k.to(tl.float32)
     scores = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, TILE_N]
+    if SOFT_CAP:
+        # cap * tanh(s / cap) in the log2 domain, tanh(x) = 1 - 2 / (2^(2 log2(e) x) + 1).
+        scores = soft_cap * (1.0 - 2.0 / (tl.exp2(2.8853900817779268 * scores / soft_cap) + 1.0))
     if MASKED:
         visible = (key_pos[None, :] <= query_pos[:, None]) & key_valid[None, :]
+        if SLIDING:
+            visible = visible & (key_pos[None, :] > query_pos[:, None] - window)
         scores = tl.where(visible, scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.reduce(scores, 1, _MAX))
         # A row that has seen no key yet keeps m = -inf: shift it by 0 instead, so no
@@ -156,6 +168,8 @@ def _paged_attention_kernel(
     num_seqs,
     num_heads,
     qk_scale,  # softmax scale * log2(e)
+    window,  # sliding window in keys (read only when SLIDING)
+    soft_cap,  # logit soft cap * log2(e) (read only when SOFT_CAP)
     stride_q_token,
     stride_q_head,
     stride_o_token,
@@ -174,6 +188,8 @@ def _paged_attention_kernel(
     HEAD_DIM_P2: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     ALL_DECODE: tl.constexpr,  # every sequence has one query token: program 0 axis = seq
+    SLIDING: tl.constexpr,  # a windowed layer: query p sees keys (p - window, p]
+    SOFT_CAP: tl.constexpr,  # scores become cap * tanh(score / cap) (Gemma 2)
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
 ):
@@ -233,18 +249,26 @@ def _paged_attention_kernel(
         q = q.to(tl.float32)
     query_pos = context_len + q_index  # [BLOCK_M] context position of each row's query
 
-    # Keys up to the block's last query, in tiles, maybe split into ranges of tiles.
-    num_keys = context_len + tl.minimum(first_q + BLOCK_Q, query_len)
+    # Keys up to the block's last query, in tiles, maybe split into ranges of tiles. A
+    # windowed layer starts at the tile holding the first row's first visible key.
+    last_q = tl.minimum(first_q + BLOCK_Q, query_len)  # one past the block's last query
+    num_keys = context_len + last_q
     num_tiles = (num_keys + TILE_N - 1) // TILE_N
+    first_tile = num_tiles * 0
+    # Tiles from inner_tile on lie wholly inside every row's window (no window mask).
+    inner_tile = num_tiles * 0
+    if SLIDING:
+        first_tile = tl.maximum(context_len + first_q - window + 1, 0) // TILE_N
+        inner_tile = (tl.maximum(num_keys - window, 0) + TILE_N - 1) // TILE_N
     if NUM_SPLITS > 1:
-        tiles_per_split = (num_tiles + NUM_SPLITS - 1) // NUM_SPLITS
-        tile_lo = split * tiles_per_split
+        tiles_per_split = (num_tiles - first_tile + NUM_SPLITS - 1) // NUM_SPLITS
+        tile_lo = first_tile + split * tiles_per_split
         tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
     else:
-        tile_lo = num_tiles * 0
+        tile_lo = first_tile
         tile_hi = num_tiles
     # Tiles before num_full_tiles lie wholly at or before the block's first query: every
-    # row sees all their keys, so they need no mask (most of a long context).
+    # row sees all their keys, so they need no causal mask (most of a long context).
     num_full_tiles = (context_len + first_q + 1) // TILE_N
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -253,17 +277,26 @@ def _paged_attention_kernel(
     table_row = block_tables_ptr + seq * stride_table_row
     k_base = k_cache_ptr + kv_head * stride_cache_head
     v_base = v_cache_ptr + kv_head * stride_cache_head
-    for tile in range(tile_lo, tl.minimum(tile_hi, num_full_tiles)):
+    # Three runs of tiles: the window's lower edge (masked), the middle (unmasked), the
+    # causal edge (masked). Without a window the first run is empty.
+    middle_lo = tl.maximum(tile_lo, inner_tile)
+    for tile in range(tile_lo, tl.minimum(inner_tile, tile_hi)):
         acc, m_i, l_i = _attend_tile(
             q, acc, m_i, l_i, k_base, v_base, table_row, tile, num_keys, query_pos, dims,
-            qk_scale, stride_cache_block, stride_cache_slot, BLOCK_SIZE, TILE_N, HEAD_DIM,
-            HEAD_DIM_P2, DOT_PRECISION, UPCAST_DOT, False,
+            qk_scale, window, soft_cap, stride_cache_block, stride_cache_slot, SLIDING, SOFT_CAP,
+            BLOCK_SIZE, TILE_N, HEAD_DIM, HEAD_DIM_P2, DOT_PRECISION, UPCAST_DOT, True,
         )  # fmt: skip
-    for tile in range(tl.maximum(tile_lo, num_full_tiles), tile_hi):
+    for tile in range(middle_lo, tl.minimum(tile_hi, num_full_tiles)):
         acc, m_i, l_i = _attend_tile(
             q, acc, m_i, l_i, k_base, v_base, table_row, tile, num_keys, query_pos, dims,
-            qk_scale, stride_cache_block, stride_cache_slot, BLOCK_SIZE, TILE_N, HEAD_DIM,
-            HEAD_DIM_P2, DOT_PRECISION, UPCAST_DOT, True,
+            qk_scale, window, soft_cap, stride_cache_block, stride_cache_slot, SLIDING, SOFT_CAP,
+            BLOCK_SIZE, TILE_N, HEAD_DIM, HEAD_DIM_P2, DOT_PRECISION, UPCAST_DOT, False,
+        )  # fmt: skip
+    for tile in range(tl.maximum(middle_lo, num_full_tiles), tile_hi):
+        acc, m_i, l_i = _attend_tile(
+            q, acc, m_i, l_i, k_base, v_base, table_row, tile, num_keys, query_pos, dims,
+            qk_scale, window, soft_cap, stride_cache_block, stride_cache_slot, SLIDING, SOFT_CAP,
+            BLOCK_SIZE, TILE_N, HEAD_DIM, HEAD_DIM_P2, DOT_PRECISION, UPCAST_DOT, True,
         )  # fmt: skip
 
     if NUM_SPLITS == 1:
@@ -359,6 +392,8 @@ def paged_attention(
     scale: float,
     num_splits: int | None = None,
     workspace: SplitWorkspace | None = None,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
 ) -> torch.Tensor:
     """Causal attention of a flattened batch over a paged KV cache.
 
@@ -372,6 +407,10 @@ def paged_attention(
         scale: softmax scale.
         num_splits: force the number of split-K ranges (``None``: the heuristic).
         workspace: where split-K partials live; reused across calls when given.
+        sliding_window: the layer's window, if any: the query at position ``p`` sees keys
+            ``(p - sliding_window, p]``; tiles before the first row's window are not read.
+        logits_soft_cap: the layer's soft cap, if any: scores become ``cap * tanh(score /
+            cap)`` before masking.
 
     Returns:
         ``[num_tokens, num_heads, head_dim]`` in ``query``'s dtype.
@@ -394,7 +433,10 @@ def paged_attention(
     tiles = choose_tiles(group, head_dim, max_query_len, query.element_size(), interpreted)
     grid_q = num_query_blocks(num_tokens, num_seqs, tiles.block_q)
     if num_splits is None:
-        num_splits = choose_num_splits(grid_q * num_kv_heads, max_seq_len, _num_sms(query.device))
+        keys_read = max_seq_len
+        if sliding_window is not None:
+            keys_read = min(max_seq_len, sliding_window + max_query_len)
+        num_splits = choose_num_splits(grid_q * num_kv_heads, keys_read, _num_sms(query.device))
     part_acc = part_max = part_sum = output  # unused placeholders when not splitting
     if num_splits > 1:
         num_parts = num_tokens * num_heads * num_splits
@@ -416,6 +458,8 @@ def paged_attention(
         num_seqs,
         num_heads,
         scale * LOG2_E,
+        sliding_window or 0,
+        (logits_soft_cap or 1.0) * LOG2_E,
         query.stride(0),
         query.stride(1),
         output.stride(0),
@@ -434,6 +478,8 @@ def paged_attention(
         HEAD_DIM_P2=max(16, next_power_of_2(head_dim)),
         NUM_SPLITS=num_splits,
         ALL_DECODE=max_query_len == 1,
+        SLIDING=sliding_window is not None,
+        SOFT_CAP=logits_soft_cap is not None,
         # float32 operands must not be rounded to tf32: float32 is the correctness dtype.
         DOT_PRECISION="ieee" if query.dtype == torch.float32 or upcast_dot else "tf32",
         UPCAST_DOT=upcast_dot,
