@@ -25,6 +25,7 @@ from vlite.core.config import VliteConfig
 FLAG_ALIASES: dict[str, tuple[str, ...]] = {
     "attention_backend": ("--attn",),
     "tensor_parallel_size": ("--tp",),
+    "pipeline_parallel_size": ("--pp",),
     "enable_prefix_caching": ("--prefix-caching/--no-prefix-caching",),
 }
 

@@ -83,7 +83,19 @@ class VliteConfig(BaseSettings):
     sampler: str = Field("default", description="Sampler plugin name.")
     executor: str = Field("uniproc", description="Executor plugin name.")
     tensor_parallel_size: int = Field(
-        1, ge=1, description="Tensor-parallel workers (with executor 'multiproc')."
+        1, ge=1, description="Tensor-parallel workers (with executor 'multiproc' or 'ray')."
+    )
+    pipeline_parallel_size: int = Field(
+        1,
+        ge=1,
+        description="Pipeline stages, each tensor_parallel_size workers holding a contiguous "
+        "run of layers (with executor 'multiproc' or 'ray').",
+    )
+    async_scheduling: bool = Field(
+        False,
+        description="Schedule the next batch while one runs (two batches in flight on one "
+        "pipeline stage; a pipeline keeps one per stage anyway). Pays off only where the "
+        "workers run apart from the engine (executor 'multiproc' or 'ray').",
     )
 
     max_num_seqs: int = Field(256, ge=1, description="Most requests in one step's batch.")

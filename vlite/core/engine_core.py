@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import warnings
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass
 
 from vlite.core.config import VliteConfig
 from vlite.core.errors import InvalidRequestError
 from vlite.core.executor import Executor
 from vlite.core.kv_cache import KVCacheManager
 from vlite.core.model import ModelDescription
-from vlite.core.outputs import EngineCoreOutputs
+from vlite.core.outputs import EngineCoreOutputs, ModelRunnerOutput, SchedulerOutput
 from vlite.core.plugins import PluginRegistry, build_plugin_manager
 from vlite.core.request import EngineCoreRequest, Request, RequestStatus
 from vlite.core.sampler import unsupported_sampling_options
@@ -113,6 +116,25 @@ def _ranges(indices: list[int]) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
+@dataclass
+class _BatchInFlight:
+    """A batch submitted to the executor, waiting for its output."""
+
+    scheduler_output: SchedulerOutput
+    output: Future[ModelRunnerOutput]
+    stats: StepStats
+    record: StepRecord | None
+
+
+def batch_queue_depth(config: VliteConfig, executor: Executor) -> int:
+    """How many batches the engine keeps in flight: one per pipeline stage, and two on a
+    single stage with ``async_scheduling`` (the next batch is scheduled while one runs)."""
+    depth = executor.max_concurrent_batches
+    if depth == 1 and config.async_scheduling:
+        return 2
+    return depth
+
+
 def _check_architecture(registry: PluginRegistry, architecture: str) -> None:
     """Refuse, before any worker loads weights, a model no plugin implements."""
     supported = registry.names("model")
@@ -192,6 +214,10 @@ class EngineCore:
         self._step_observers: list[StepObserver] = []
         #: Sums over every step run so far (what ``/metrics`` counts).
         self.step_totals = StepTotals()
+        #: Batches kept in flight at most (1: the plain four-stage step).
+        self.max_batches_in_flight = batch_queue_depth(config, self.executor)
+        self.scheduler.max_batches_in_flight = self.max_batches_in_flight
+        self._batch_queue: deque[_BatchInFlight] = deque()
 
     # ---- requests ------------------------------------------------------------------
 
@@ -255,7 +281,7 @@ class EngineCore:
         self.scheduler.finish_requests(request_ids, status)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.scheduler.has_unfinished_requests() or bool(self._batch_queue)
 
     # ---- statistics ----------------------------------------------------------------
 
@@ -277,7 +303,13 @@ class EngineCore:
     # ---- the step ------------------------------------------------------------------
 
     def step(self) -> EngineCoreOutputs:
-        """One iteration: schedule -> execute_model -> sample_tokens -> update_from_output."""
+        """One iteration: schedule -> execute_model -> sample_tokens -> update_from_output.
+
+        With several batches in flight (a pipeline, or async scheduling) the same stages
+        run through a queue: :meth:`step_with_batch_queue`.
+        """
+        if self.max_batches_in_flight > 1:
+            return self.step_with_batch_queue()
         if not self.scheduler.has_unfinished_requests():
             return EngineCoreOutputs()
         scheduler_output = self.scheduler.schedule()
@@ -294,6 +326,48 @@ class EngineCore:
         if record is not None:
             for observer in self._step_observers:
                 observer(record)
+        return outputs
+
+    def step_with_batch_queue(self) -> EngineCoreOutputs:
+        """Keep up to :attr:`max_batches_in_flight` batches in flight, then finish the oldest.
+
+        Schedule and submit while there is room and something to schedule (a request is in
+        one batch in flight at most: the scheduler skips and never preempts those), then
+        wait for the oldest batch and run ``update_from_output`` on it: batches are
+        updated in the order they were scheduled.
+        """
+        while len(self._batch_queue) < self.max_batches_in_flight and (
+            self.scheduler.has_schedulable_requests()
+        ):
+            scheduler_output = self.scheduler.schedule()
+            news = scheduler_output.num_preempted or scheduler_output.finished_request_ids
+            if scheduler_output.is_empty and not news:
+                break  # nothing fits until a batch in flight comes back
+            record = self._start_record(scheduler_output) if self._step_observers else None
+            stats = self.scheduler.last_step_stats
+            future = self.executor.execute_model_async(scheduler_output)
+            self._batch_queue.append(_BatchInFlight(scheduler_output, future, stats, record))
+        if not self._batch_queue:
+            if self.scheduler.has_unfinished_requests():
+                raise RuntimeError(
+                    "the scheduler could schedule none of "
+                    f"{self.scheduler.num_unfinished_requests} unfinished requests and no "
+                    "batch is in flight (a prompt larger than the token budget or the KV cache?)"
+                )
+            return EngineCoreOutputs()
+        batch = self._batch_queue.popleft()
+        try:
+            runner_output = batch.output.result()
+        except BaseException:
+            # The batches behind it ran on a state this one left unknown: drop them all.
+            self._batch_queue.clear()
+            self.scheduler.in_flight.clear()
+            raise
+        outputs = self.scheduler.update_from_output(batch.scheduler_output, runner_output)
+        self.step_totals.add(batch.stats, outputs)
+        if batch.record is not None:
+            for observer in self._step_observers:
+                observer(batch.record)
         return outputs
 
     def _start_record(self, scheduler_output) -> StepRecord:

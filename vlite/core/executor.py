@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from concurrent.futures import Future
 
 from vlite.core.config import VliteConfig
 from vlite.core.outputs import ModelRunnerOutput, SchedulerOutput
@@ -45,6 +46,24 @@ class Executor(ABC):
     @abstractmethod
     def sample_tokens(self) -> ModelRunnerOutput:
         """Sample from the last forward pass's logits."""
+
+    @property
+    def max_concurrent_batches(self) -> int:
+        """How many batches the executor works on at once (a pipeline of ``N`` stages:
+        ``N``). Above 1 the engine keeps a queue of batches in flight."""
+        return 1
+
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> Future[ModelRunnerOutput]:
+        """Submit a batch; the future resolves to its :class:`ModelRunnerOutput`.
+
+        Batches complete in submission order. The default runs :meth:`execute_model` and
+        :meth:`sample_tokens` at once; an executor whose workers run on their own (other
+        processes or actors) returns before the batch is done.
+        """
+        self.execute_model(scheduler_output)
+        future: Future[ModelRunnerOutput] = Future()
+        future.set_result(self.sample_tokens())
+        return future
 
     def shutdown(self) -> None:
         """Release workers and their resources. Calling it twice is harmless."""

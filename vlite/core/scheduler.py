@@ -137,11 +137,26 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.waiting: list[Request] = []
         self.running: list[Request] = []
+        #: Ids of the requests in batches scheduled but not yet through
+        #: :meth:`update_from_output` (a batch queue keeps several in flight): they are
+        #: neither scheduled again nor preempted until their batch comes back.
+        self.in_flight: set[str] = set()
+        #: Batches the engine keeps in flight (set by the engine; 1: the plain step).
+        self.max_batches_in_flight = 1
         self._arrival_counter = itertools.count()
         self._finished_since_last_step: list[str] = []
         self.num_preemptions = 0
         self.num_steps = 0
         self.last_step_stats: StepStats | None = None
+
+    def _batch_seq_cap(self) -> int:
+        """Most requests one batch takes: all of them, or with ``max_batches_in_flight``
+        batches in flight an equal share of the active requests (running and waiting, up
+        to ``max_num_seqs``), so a pipeline's batches are alike and its stages stay busy."""
+        if self.max_batches_in_flight == 1:
+            return 1 << 62
+        active = min(self.limits.max_num_seqs, len(self.running) + len(self.waiting))
+        return max(1, -(-active // self.max_batches_in_flight))
 
     @property
     def chunks_prefills(self) -> bool:
@@ -204,15 +219,31 @@ class Scheduler:
             order.sort(key=lambda r: r.num_computed_tokens < r.num_prompt_tokens)
         return order
 
-    def _checked_victim(self) -> Request:
-        victim = self.choose_victim(self.running)
-        if not any(victim is request for request in self.running):
+    def _checked_victim(self) -> Request | None:
+        """The policy's victim among the running requests not in a batch in flight
+        (``None``: every running request is)."""
+        candidates = self._preemptable()
+        if not candidates:
+            return None
+        victim = self.choose_victim(candidates)
+        if not any(victim is request for request in candidates):
             name = getattr(victim, "request_id", victim)
             raise self._policy_error(
                 f"choose_victim returned {name!r}, which is not one of the running requests "
-                f"{[r.request_id for r in self.running]}"
+                f"{[r.request_id for r in candidates]}"
             )
         return victim
+
+    def _preemptable(self) -> list[Request]:
+        """Running requests whose blocks no batch in flight is using."""
+        if not self.in_flight:
+            return self.running
+        return [r for r in self.running if r.request_id not in self.in_flight]
+
+    def has_schedulable_requests(self) -> bool:
+        """Whether :meth:`schedule` could pick anything: a waiting request, or a running
+        one not in a batch in flight."""
+        return bool(self.waiting) or any(r.request_id not in self.in_flight for r in self.running)
 
     def _checked_num_tokens(self, request: Request, num_pending: int, budget: int) -> int:
         num_new = self.num_tokens_to_schedule(request, num_pending, budget)
@@ -264,7 +295,7 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         """Choose this step's batch: running requests first, then admissions."""
-        step = _StepPlan(budget=self.limits.max_num_batched_tokens)
+        step = _StepPlan(self.limits.max_num_batched_tokens, self._batch_seq_cap())
         kv = self.kv_cache_manager
         num_queried, num_hit = kv.num_prefix_queried_tokens, kv.num_prefix_hit_tokens
         self._schedule_running(step)
@@ -291,6 +322,7 @@ class Scheduler:
             num_waits_max_num_seqs=step.num_waits_max_num_seqs,
         )
         self.num_steps += 1
+        self.in_flight.update(step.num_scheduled_tokens)
         return SchedulerOutput(
             new_requests=step.new_requests,
             cached_requests=step.cached_requests,
@@ -304,6 +336,10 @@ class Scheduler:
         for request in self._checked_running_order():
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
+            if request.request_id in self.in_flight:
+                continue  # its previous batch has not come back yet
+            if len(step.num_scheduled_tokens) >= step.max_seqs:
+                break  # the batch's share of the requests is full
             num_pending = request.num_tokens - request.num_computed_tokens
             num_new = self._checked_num_tokens(request, num_pending, step.budget)
             if num_new == 0:
@@ -326,6 +362,8 @@ class Scheduler:
             if new_block_ids is not None:
                 return new_block_ids
             victim = self._checked_victim()
+            if victim is None:
+                return None  # every other request is in flight: this one waits a step
             self._preempt(victim, step)
             if victim is request:
                 return None
@@ -349,7 +387,10 @@ class Scheduler:
             request = self.waiting[0]
             if request.request_id in step.preempted_ids:
                 break  # preempted for an arrival in this step: it waits a step at least
-            if len(self.running) >= self.limits.max_num_seqs:
+            if (
+                len(self.running) >= self.limits.max_num_seqs
+                or len(step.num_scheduled_tokens) >= step.max_seqs
+            ):
                 step.num_waits_max_num_seqs += 1
                 break
             if not step.budget:
@@ -386,7 +427,7 @@ class Scheduler:
         """
         kv_cache = self.kv_cache_manager
         num_short = kv_cache.num_blocks_short(request, num_new, cached_prefix)
-        candidates = [r for r in self.running if r.request_id not in step.admitted_ids]
+        candidates = [r for r in self._preemptable() if r.request_id not in step.admitted_ids]
         victims: list[Request] = []
         while (victim := self.should_preempt_for(request, candidates)) is not None:
             if not any(victim is candidate for candidate in candidates):
@@ -436,6 +477,7 @@ class Scheduler:
         self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
     ) -> EngineCoreOutputs:
         """Advance counters, append sampled tokens, finish and free stopped requests."""
+        self.in_flight.difference_update(scheduler_output.num_scheduled_tokens)
         outputs: list[EngineCoreOutput] = []
         sampled = runner_output.sampled_token_ids
         logprobs = runner_output.logprobs
@@ -483,6 +525,8 @@ class _StepPlan:
     """The batch being assembled by one :meth:`Scheduler.schedule` call, and its tallies."""
 
     budget: int
+    #: Most requests in this batch (a share of the active ones with a batch queue).
+    max_seqs: int = 1 << 62
     num_preempted: int = 0
     num_prefill_requests: int = 0
     num_prefill_tokens: int = 0
