@@ -60,9 +60,7 @@ def test_async_scheduling_gives_the_plain_steps_tokens(tiny_llama, num_kv_blocks
     batch = prompts(10)
     plain = LLM(model=tiny_llama, num_kv_blocks=num_kv_blocks, max_num_seqs=4)
     expected = [o.outputs[0].token_ids for o in plain.generate(batch, PARAMS, use_tqdm=False)]
-    llm = LLM(
-        model=tiny_llama, num_kv_blocks=num_kv_blocks, max_num_seqs=4, async_scheduling=True
-    )
+    llm = LLM(model=tiny_llama, num_kv_blocks=num_kv_blocks, max_num_seqs=4, async_scheduling=True)
     assert llm.llm_engine.engine_core.max_batches_in_flight == 2
     submitted, depths = track_batches(llm)
     outputs = llm.generate(batch, PARAMS, use_tqdm=False)
