@@ -91,6 +91,11 @@ class VliteConfig(BaseSettings):
         description="Pipeline stages, each tensor_parallel_size workers holding a contiguous "
         "run of layers (with executor 'multiproc' or 'ray').",
     )
+    pp_layer_partition: tuple[int, ...] | None = Field(
+        None,
+        description="Layers per pipeline stage, e.g. 5,5,4 (default: equal runs, the first "
+        "stages taking one more when they do not divide).",
+    )
     async_scheduling: bool = Field(
         False,
         description="Schedule the next batch while one runs (two batches in flight on one "
@@ -126,6 +131,27 @@ class VliteConfig(BaseSettings):
         None,
         gt=0,
         description="Memory for the KV cache; default: 2 GiB on CPU, 90% of free memory on CUDA.",
+    )
+
+    ray_address: str | None = Field(
+        None,
+        description="With executor 'ray': the Ray cluster to run on ('auto': the one started "
+        "on this machine with 'ray start'; 'HOST:PORT': its head node; 'local': a new one on "
+        "this machine). Default: RAY_ADDRESS if set, else a cluster running on this "
+        "machine, else a new local one. Unused when this process is connected to Ray "
+        "already. vlite disconnects (and stops a cluster it started) at shutdown.",
+    )
+    ray_placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK",
+        description="With executor 'ray': how the ranks' placement-group bundles (one per "
+        "rank) go over the nodes: 'PACK' on as few nodes as fit, 'SPREAD' on as many; the "
+        "STRICT_ variants fail instead of doing otherwise.",
+    )
+    ray_bundle_resources: tuple[str, ...] = Field(
+        (),
+        description="With executor 'ray': custom Ray resources each rank's bundle requests "
+        "besides its CPUs (or GPU), as NAME=AMOUNT (repeatable); e.g. a resource that each "
+        "chosen node has once puts one rank on each of them.",
     )
 
     @field_validator("block_size")

@@ -36,13 +36,16 @@ class CachedRequestData(msgspec.Struct, array_like=True):
     """A request the workers already hold: its new blocks and computed-token count.
 
     When ``is_resumed`` (re-admitted after preemption), ``new_block_ids`` replaces the
-    request's block table instead of extending it.
+    request's block table instead of extending it. ``new_token_ids`` are the tokens this
+    step computes (positions ``num_computed_tokens`` on): a worker that samples already
+    has them, one that does not (an earlier pipeline stage) learns the sampled ones here.
     """
 
     request_id: str
     new_block_ids: list[int]
     num_computed_tokens: int
     is_resumed: bool = False
+    new_token_ids: list[int] = msgspec.field(default_factory=list)
 
 
 class SchedulerOutput(msgspec.Struct, array_like=True):

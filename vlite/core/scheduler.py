@@ -349,7 +349,12 @@ class Scheduler:
             if new_block_ids is None:
                 continue
             step.cached_requests.append(
-                CachedRequestData(request.request_id, new_block_ids, request.num_computed_tokens)
+                CachedRequestData(
+                    request.request_id,
+                    new_block_ids,
+                    request.num_computed_tokens,
+                    new_token_ids=_tokens_to_compute(request, num_new),
+                )
             )
             step.add(request, num_new)
         step.num_waits_budget += is_budget_spent
@@ -414,7 +419,7 @@ class Scheduler:
                     self._preempt(victim, step)
                 continue
             self.waiting.pop(0)
-            self._admit(request, block_ids, num_cached, step)
+            self._admit(request, block_ids, num_cached, num_new, step)
             step.add(request, num_new)
 
     def _victims_to_admit(
@@ -443,7 +448,12 @@ class Scheduler:
         return []
 
     def _admit(
-        self, request: Request, block_ids: list[int], num_cached: int, step: _StepPlan
+        self,
+        request: Request,
+        block_ids: list[int],
+        num_cached: int,
+        num_new: int,
+        step: _StepPlan,
     ) -> None:
         is_resumed = request.status is RequestStatus.PREEMPTED
         if request.first_scheduled_time is None:
@@ -456,7 +466,13 @@ class Scheduler:
         step.admitted_ids.add(request.request_id)
         if is_resumed:
             step.cached_requests.append(
-                CachedRequestData(request.request_id, block_ids, num_cached, is_resumed=True)
+                CachedRequestData(
+                    request.request_id,
+                    block_ids,
+                    num_cached,
+                    is_resumed=True,
+                    new_token_ids=_tokens_to_compute(request, num_new),
+                )
             )
         else:
             step.new_requests.append(
@@ -518,6 +534,12 @@ class Scheduler:
 
 def _qualified_name(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _tokens_to_compute(request: Request, num_new: int) -> list[int]:
+    """The ``num_new`` tokens a step computes for ``request``, from its first uncomputed."""
+    start = request.num_computed_tokens
+    return request.all_token_ids[start : start + num_new]
 
 
 @dataclass

@@ -1,12 +1,15 @@
 """Setting up and tearing down a worker process's ``torch.distributed`` process group.
 
-Ranks meet through a file (``file://`` init method) in a directory the executor creates,
-so no TCP port has to be found free in advance; gloo on CPU, NCCL on CUDA.
+Ranks on one machine meet through a file (``file://`` init method, :func:`file_init_method`)
+in a directory the executor creates, so no TCP port has to be found free in advance. Ranks
+on several machines meet over TCP at rank 0 (:func:`tcp_init_method`, with a port from
+:func:`free_tcp_port` run on rank 0's machine). gloo on CPU, NCCL on CUDA.
 """
 
 from __future__ import annotations
 
 import datetime
+import socket
 from pathlib import Path
 
 import torch
@@ -27,6 +30,30 @@ def file_init_method(directory: str | Path) -> str:
     """A ``file://`` init method for a rendezvous file inside ``directory`` (which must exist
     and be fresh: a leftover file from another group breaks the rendezvous)."""
     return (Path(directory).resolve() / "rendezvous").as_uri()
+
+
+def tcp_init_method(host: str, port: int) -> str:
+    """A ``tcp://`` init method: rank 0 listens on ``port`` of its machine, reachable at
+    ``host`` (an IP address or host name) from every rank; the others connect there."""
+    if not 0 < port < 65536:
+        raise ValueError(f"port={port} is not a TCP port; expected 1-65535")
+    if not host:
+        raise ValueError("host is empty; expected rank 0's IP address or host name")
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # an IPv6 address
+    return f"tcp://{host}:{port}"
+
+
+def free_tcp_port(host: str = "") -> int:
+    """A TCP port no socket on this machine is bound to now (the kernel picks it).
+
+    Run it on the machine of the rank that will listen (rank 0), and use the port at once:
+    another process may take it in between.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
 
 
 def init_tensor_parallel_group(

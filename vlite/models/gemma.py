@@ -33,6 +33,7 @@ from torch import nn
 from vlite.core.attention import AttentionBackend, AttentionMetadata
 from vlite.core.hookspecs import Register, hookimpl
 from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
+from vlite.distributed.pipeline import SINGLE_STAGE
 from vlite.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
 from vlite.models.parallel_layers import VocabEmbedding, VocabParallelLMHead
 from vlite.models.rope import RotaryEmbedding, StepRotation
@@ -158,6 +159,7 @@ class GemmaForCausalLM(LlamaForCausalLM):
     """
 
     supports_tensor_parallel = True
+    supports_pipeline_parallel = False
     supports_block_quantized_weights = False
 
     def __init__(
@@ -172,6 +174,7 @@ class GemmaForCausalLM(LlamaForCausalLM):
         self.check_tensor_parallel_size(hf_config, tp_group.world_size)
         self.config = hf_config
         self.tp_group = tp_group
+        self.pp_group = SINGLE_STAGE
         self.num_layers: int = hf_config.num_hidden_layers
         self.head_dim = head_dim_of(hf_config)
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", True))

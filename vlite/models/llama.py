@@ -41,6 +41,7 @@ from torch import nn
 from vlite.core.attention import AttentionBackend, AttentionMetadata
 from vlite.core.hookspecs import Register, hookimpl
 from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
+from vlite.distributed.pipeline import SINGLE_STAGE, PipelineParallelGroup
 from vlite.kernels.native import NativeKernelsUnavailable, fused_ops
 from vlite.models.parallel_layers import (
     ColumnParallelLinear,
@@ -283,8 +284,18 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(hidden), residual
 
 
+class PipelineMissingLayer(nn.Module):
+    """Stands in for a layer another pipeline stage holds (no parameters, never run)."""
+
+
 class LlamaModel(nn.Module):
-    """Embedding, decoder layers and final norm (HF's ``model.`` prefix)."""
+    """Embedding, decoder layers and final norm (HF's ``model.`` prefix).
+
+    With pipeline parallelism only ``layer_range``'s layers are built (the others are
+    :class:`PipelineMissingLayer`, so names keep their indices), the embedding only where it
+    is used (the first stage, and the last when the LM head is tied to it) and the final
+    norm on the last stage.
+    """
 
     def __init__(
         self,
@@ -294,9 +305,13 @@ class LlamaModel(nn.Module):
         tp_group: TensorParallelGroup = SINGLE_RANK,
         make_mlp: Any = None,
         make_attention: Any = None,
+        pp_group: PipelineParallelGroup = SINGLE_STAGE,
     ):
         super().__init__()
-        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)  # replicated
+        start, end = pp_group.layer_range(config.num_hidden_layers)
+        tied = bool(getattr(config, "tie_word_embeddings", False))
+        if pp_group.is_first or (pp_group.is_last and tied):
+            self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
         make_mlp = make_mlp or (lambda config, tp_group, index: LlamaMLP(config, tp_group))
         make_attention = make_attention or LlamaAttention
         self.layers = nn.ModuleList(
@@ -308,9 +323,14 @@ class LlamaModel(nn.Module):
                 make_mlp(config, tp_group, index),
                 make_attention(config, attention, rotary, tp_group),
             )
+            if start <= index < end
+            else PipelineMissingLayer()
             for index in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        #: Indices of the layers this stage runs.
+        self.layer_indices = range(start, end)
+        if pp_group.is_last:
+            self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -327,6 +347,10 @@ class LlamaForCausalLM(nn.Module):
 
     #: Accepts a ``tp_group`` of any world size :func:`check_tensor_parallel_size` allows.
     supports_tensor_parallel = True
+    #: Accepts a ``pp_group``: builds only its stage's layers (see :class:`LlamaModel`).
+    supports_pipeline_parallel = True
+    #: Tensors a stage hands to the next: the hidden states and the residual stream.
+    num_intermediate_tensors = 2
     #: Each layer's self-attention module, built as ``cls(config, attention, rotary,
     #: tp_group)`` (a subclass may name another, e.g. OLMoE's).
     attention_class: type[nn.Module] = LlamaAttention
@@ -339,13 +363,17 @@ class LlamaForCausalLM(nn.Module):
         attn_backend_cls: type[AttentionBackend],
         block_size: int,
         tp_group: TensorParallelGroup = SINGLE_RANK,
+        pp_group: PipelineParallelGroup = SINGLE_STAGE,
     ) -> None:
         super().__init__()
         _check_supported(hf_config)
         self.check_tensor_parallel_size(hf_config, tp_group.world_size)
         self.config = hf_config
         self.tp_group = tp_group
-        self.num_layers: int = hf_config.num_hidden_layers
+        self.pp_group = pp_group
+        start, end = pp_group.layer_range(hf_config.num_hidden_layers)
+        #: Layers this pipeline stage runs (and KV caches it holds).
+        self.num_layers: int = end - start
         self.head_dim = head_dim_of(hf_config)
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
         self.attention: AttentionBackend = attn_backend_cls(
@@ -366,15 +394,18 @@ class LlamaForCausalLM(nn.Module):
             tp_group,
             self.make_mlp,
             self.attention_class,
+            pp_group,
         )
         for layer, window in zip(self.model.layers, layer_sliding_windows(hf_config)):
-            layer.self_attn.sliding_window = window
-        self.lm_head = VocabParallelLMHead(
-            hf_config.vocab_size,
-            hf_config.hidden_size,
-            has_weight=not self.tie_word_embeddings,
-            tp_group=tp_group,
-        )
+            if not isinstance(layer, PipelineMissingLayer):
+                layer.self_attn.sliding_window = window
+        if pp_group.is_last:
+            self.lm_head = VocabParallelLMHead(
+                hf_config.vocab_size,
+                hf_config.hidden_size,
+                has_weight=not self.tie_word_embeddings,
+                tp_group=tp_group,
+            )
         #: Fused C kernels for norms and RoPE (set when weights stay quantized on the CPU).
         self.native_ops: Any = None
 
@@ -395,11 +426,20 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,
         kv_caches: list[torch.Tensor],
         attn_metadata: AttentionMetadata,
-    ) -> torch.Tensor:
-        """``input_ids``/``positions`` ``[T]`` -> final-normed hidden states ``[T, hidden]``."""
+        intermediate_tensors: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor | list[torch.Tensor]:
+        """``input_ids``/``positions`` ``[T]`` -> final-normed hidden states ``[T, hidden]``.
+
+        In a pipeline, a stage after the first starts from the previous stage's
+        ``intermediate_tensors`` (hidden states and residual, ``[T, hidden]`` each) instead
+        of the embedding, and a stage before the last returns them for the next.
+        """
         if len(kv_caches) != self.num_layers:
             raise ValueError(f"expected {self.num_layers} KV caches, got {len(kv_caches)}")
-        hidden = self.model.embed_tokens(input_ids)
+        if intermediate_tensors is None:
+            hidden, residual = self.model.embed_tokens(input_ids), None
+        else:
+            hidden, residual = intermediate_tensors
         rotation = StepRotation(
             self.rotary_emb,
             positions,
@@ -407,9 +447,11 @@ class LlamaForCausalLM(nn.Module):
             self.native_ops,
             use_long_rope=attn_metadata.use_long_rope,
         )
-        residual = None
-        for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
+        layers = [self.model.layers[index] for index in self.model.layer_indices]
+        for layer, kv_cache in zip(layers, kv_caches, strict=True):
             hidden, residual = layer(rotation, hidden, residual, kv_cache, attn_metadata)
+        if not self.pp_group.is_last:
+            return [hidden, residual]
         return self.model.norm(hidden, residual)[0]
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -431,6 +473,8 @@ class LlamaForCausalLM(nn.Module):
         pending = self._expected_shards()
         for hf_name, tensor in weights:
             if "rotary_emb." in hf_name:  # inv_freq / cos / sin caches: recomputed here
+                continue
+            if self._held_by_another_stage(hf_name):
                 continue
             if self.load_own_weight(hf_name, tensor):
                 continue
@@ -462,6 +506,24 @@ class LlamaForCausalLM(nn.Module):
             raise ValueError(f"missing weights: {', '.join(missing[:10])} ({len(missing)} total)")
         if any(getattr(m, "quantized", None) is not None for m in self.modules()):
             self.use_native_ops()
+
+    def local_layers(self) -> list[tuple[int, nn.Module]]:
+        """``(index, layer)`` of every layer this pipeline stage holds (all without one)."""
+        return [(index, self.model.layers[index]) for index in self.model.layer_indices]
+
+    def _held_by_another_stage(self, hf_name: str) -> bool:
+        """Whether a checkpoint tensor belongs to a part of the model another pipeline stage
+        holds (always ``False`` without pipeline parallelism)."""
+        if self.pp_group.num_stages == 1:
+            return False
+        if hf_name.startswith("model.layers."):
+            index = int(hf_name.split(".", 3)[2])
+            return index not in self.model.layer_indices
+        if hf_name.startswith("model.embed_tokens."):
+            return not hasattr(self.model, "embed_tokens")
+        if hf_name.startswith(("model.norm.", "lm_head.")):
+            return not self.pp_group.is_last
+        return False
 
     def load_own_weight(self, hf_name: str, tensor: torch.Tensor) -> bool:
         """A subclass's hook for weights it loads itself (experts); ``True``: taken."""

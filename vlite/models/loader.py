@@ -15,6 +15,7 @@ from torch import nn
 
 from vlite.core.attention import AttentionBackend
 from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
+from vlite.distributed.pipeline import SINGLE_STAGE, PipelineParallelGroup
 from vlite.models.parallel_layers import ShardedModule
 from vlite.models.quantization import BlockQuantizedTensor
 
@@ -121,6 +122,7 @@ def build_model(
     folder: str | Path | None = None,
     weights: Iterable[tuple[str, torch.Tensor]] | None = None,
     tp_group: TensorParallelGroup = SINGLE_RANK,
+    pp_group: PipelineParallelGroup = SINGLE_STAGE,
 ) -> nn.Module:
     """Construct ``model_cls(hf_config, attn_backend_cls, block_size)`` and fill its weights.
 
@@ -138,6 +140,9 @@ def build_model(
             ``supports_block_quantized_weights = True``; others get them dequantized.
         tp_group: the ranks the model is split over; at world size > 1 the class must set
             ``supports_tensor_parallel = True`` and is constructed with ``tp_group=``.
+        pp_group: this worker's pipeline stage; with more than one stage the class must set
+            ``supports_pipeline_parallel = True`` and is constructed with ``pp_group=`` (it
+            builds and loads only its stage's layers).
 
     Returns:
         The model in eval mode, on ``device``, in ``dtype``, with ``requires_grad=False``.
@@ -157,6 +162,13 @@ def build_model(
                 f"(tensor_parallel_size={tp_group.world_size}); use tensor_parallel_size=1"
             )
         parallel_kwargs["tp_group"] = tp_group
+    if pp_group.num_stages > 1:
+        if not getattr(model_cls, "supports_pipeline_parallel", False):
+            raise ValueError(
+                f"model class {model_cls.__qualname__} does not support pipeline parallelism "
+                f"(pipeline_parallel_size={pp_group.num_stages}); use pipeline_parallel_size=1"
+            )
+        parallel_kwargs["pp_group"] = pp_group
     with default_dtype(dtype), device, torch.no_grad():
         model = model_cls(hf_config, attn_backend_cls, block_size, **parallel_kwargs)
     model.requires_grad_(False)

@@ -72,7 +72,7 @@ class MixtralForCausalLM(LlamaForCausalLM):
     def own_missing_weights(self) -> list[str]:
         return [
             f"model.layers.{index}.block_sparse_moe {missing}"
-            for index, layer in enumerate(self.model.layers)
+            for index, layer in self.local_layers()
             for missing in layer.mlp.experts.missing_weights()
         ]
 

@@ -108,7 +108,7 @@ class QwenMoeForCausalLM(LlamaForCausalLM):
     def own_missing_weights(self) -> list[str]:
         return [
             f"model.layers.{index}.mlp {missing}"
-            for index, layer in enumerate(self.model.layers)
+            for index, layer in self.local_layers()
             if isinstance(getattr(layer.mlp, "experts", None), FusedMoE)
             for missing in layer.mlp.experts.missing_weights()
         ]

@@ -15,6 +15,7 @@ from typing import Any
 from vlite.core.attention import AttentionBackend
 from vlite.core.hookspecs import Register, hookimpl
 from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
+from vlite.distributed.pipeline import SINGLE_STAGE, PipelineParallelGroup
 from vlite.models.llama import LlamaForCausalLM
 
 ARCHITECTURE = "SmolLM3ForCausalLM"
@@ -44,10 +45,12 @@ class SmolLM3ForCausalLM(LlamaForCausalLM):
         attn_backend_cls: type[AttentionBackend],
         block_size: int,
         tp_group: TensorParallelGroup = SINGLE_RANK,
+        pp_group: PipelineParallelGroup = SINGLE_STAGE,
     ) -> None:
-        super().__init__(hf_config, attn_backend_cls, block_size, tp_group)
-        for layer, use_rope in zip(self.model.layers, rope_layers(hf_config), strict=True):
-            layer.self_attn.use_rope = use_rope
+        super().__init__(hf_config, attn_backend_cls, block_size, tp_group, pp_group)
+        use_rope = rope_layers(hf_config)
+        for index, layer in self.local_layers():
+            layer.self_attn.use_rope = use_rope[index]
 
 
 @hookimpl

@@ -6,6 +6,7 @@ import torch
 
 from vlite.core.outputs import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from vlite.core.sampler import Sampler
+from vlite.distributed.pipeline import SINGLE_STAGE, PipelineParallelGroup
 from vlite.worker.input_batch import CachedRequestState, ModelInputs, prepare_inputs
 from vlite.worker.logprobs import LogprobsRequest
 from vlite.worker.sampling_inputs import build_sampling_metadata, min_tokens_mask
@@ -31,6 +32,8 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
         self.requests: dict[str, CachedRequestState] = {}
         self._pending: tuple[ModelInputs, torch.Tensor] | None = None
+        #: This worker's pipeline stage (the only one without pipeline parallelism).
+        self.pipeline: PipelineParallelGroup = getattr(model, "pp_group", SINGLE_STAGE)
         #: LongRoPE models: sequences of more known tokens use the long factors.
         self.long_rope_threshold: int | None = getattr(model, "long_rope_threshold", None)
 
@@ -58,6 +61,7 @@ class ModelRunner:
             else:
                 state.block_ids += cached.new_block_ids
             state.num_computed_tokens = cached.num_computed_tokens
+            _learn_tokens(state, cached.num_computed_tokens, cached.new_token_ids)
 
     def _start_long_rope(self, state: CachedRequestState) -> None:
         """LongRoPE: a request (re)admitted with more known tokens than the threshold
@@ -122,13 +126,29 @@ class ModelRunner:
         if self.long_rope_threshold is not None:
             long_rope = self._long_rope_flags(states, num_scheduled)
         inputs = prepare_inputs(states, num_scheduled, self.block_size, self.device, long_rope)
-        hidden = self.model.forward(
-            inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata
-        )
-        logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        hidden = self._forward(inputs)
         for state, num_tokens in zip(states, num_scheduled):
             state.num_computed_tokens += num_tokens
+        if not self.pipeline.is_last:  # handed on: the last stage samples
+            self.pipeline.send(hidden)
+            self._pending = None
+            return
+        logits = self.model.compute_logits(hidden[inputs.logits_indices])
         self._pending = (inputs, logits)
+
+    def _forward(self, inputs: ModelInputs) -> torch.Tensor | list[torch.Tensor]:
+        """The model over the step's tokens: hidden states ``[T, hidden]`` (on a stage
+        before the last, the tensors for the next stage)."""
+        args = (inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata)
+        if self.pipeline.num_stages == 1:
+            return self.model.forward(*args)
+        intermediate = None
+        if not self.pipeline.is_first:
+            shape = (inputs.input_ids.shape[0], self.model.config.hidden_size)
+            count = self.model.num_intermediate_tensors
+            dtype = next(self.model.parameters()).dtype  # the stages' activations' dtype
+            intermediate = self.pipeline.recv(count, shape, dtype, self.device)
+        return self.model.forward(*args, intermediate_tensors=intermediate)
 
     @torch.inference_mode()
     def sample_tokens(self) -> ModelRunnerOutput:
@@ -167,6 +187,13 @@ class ModelRunner:
                 request_ids[row]: [entry] for row, entry in zip(logprobs_request.rows, entries)
             }
         return output
+
+
+def _learn_tokens(state: CachedRequestState, start: int, token_ids: list[int]) -> None:
+    """Write ``token_ids`` at positions ``start...`` of the request's tokens (a worker that
+    did not sample them, an earlier pipeline stage, learns them; others rewrite the same)."""
+    if token_ids:
+        state.token_ids[start : start + len(token_ids)] = token_ids
 
 
 def _make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:

@@ -11,6 +11,7 @@ from vlite.core.config import VliteConfig
 from vlite.core.outputs import ModelRunnerOutput, SchedulerOutput
 from vlite.core.plugins import PluginRegistry
 from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
+from vlite.distributed.pipeline import SINGLE_STAGE, PipelineParallelGroup
 from vlite.models.loader import build_model
 from vlite.models.spec import ModelSpec
 from vlite.worker.cpu_memory import reuse_freed_memory
@@ -34,6 +35,7 @@ class Worker:
         config: the engine configuration.
         registry: the plugin classes (model, attention backend, sampler).
         tp_group: the tensor-parallel ranks this worker's model shard belongs to.
+        pp_group: this worker's pipeline stage (its layers; only the last stage samples).
         device: the device to use; default ``config.torch_device``.
     """
 
@@ -42,11 +44,13 @@ class Worker:
         config: VliteConfig,
         registry: PluginRegistry,
         tp_group: TensorParallelGroup = SINGLE_RANK,
+        pp_group: PipelineParallelGroup = SINGLE_STAGE,
         device: torch.device | None = None,
     ) -> None:
         self.config = config
         self.registry = registry
         self.tp_group = tp_group
+        self.pp_group = pp_group
         self.device = device if device is not None else config.torch_device
         self.dtype = config.torch_dtype
         self.model_spec = ModelSpec.from_config(config)
@@ -54,7 +58,7 @@ class Worker:
         self.thread_governor: ThreadGovernor | None = None
         if self.device.type == "cpu":
             reuse_freed_memory()
-        if self.device.type == "cpu" and not tp_group.is_parallel:
+        if self.device.type == "cpu" and not tp_group.is_parallel and pp_group.num_stages == 1:
             # Multiproc workers get their count from the executor (split over ranks).
             num_threads = resolve_cpu_threads(config.cpu_threads)
             use_cpu_threads(num_threads)
@@ -96,9 +100,17 @@ class Worker:
             load_format=self.config.load_format,
             weights=spec.iter_weights(self.quantization.keep_types),
             tp_group=self.tp_group,
+            pp_group=self.pp_group,
         )
         sampler = self.registry.get("sampler", self.config.sampler)()
         self.model_runner = ModelRunner(model, sampler, self.config.block_size, self.device)
+
+    @property
+    def reports_samples(self) -> bool:
+        """Whether this worker's sampled tokens go back to the engine: the first
+        tensor-parallel rank of the last pipeline stage (every rank of that stage samples
+        the same tokens)."""
+        return self.pp_group.is_last and self.tp_group.rank == 0
 
     @property
     def runner(self) -> ModelRunner:

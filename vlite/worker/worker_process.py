@@ -36,30 +36,49 @@ FAILURE_EXIT_CODE = 1
 
 
 def read_bootstrap(conn: Connection) -> WorkerBootstrap:
-    """The first message: ``(sys_path, pickled bootstrap)``; ``sys.path`` is set first so the
-    registry's plugin classes unpickle from the same modules as in the engine process."""
-    sys_path, payload = pickle.loads(conn.recv_bytes())
+    """The first message, unpacked by :func:`unpack_bootstrap`."""
+    return unpack_bootstrap(conn.recv_bytes())
+
+
+def unpack_bootstrap(data: bytes) -> WorkerBootstrap:
+    """``data`` is ``(sys_path, pickled bootstrap)``, pickled; ``sys.path`` is set first so
+    the registry's plugin classes unpickle from the same modules as in the engine process.
+    (Every executor whose workers live in other processes hands them their bootstrap so.)"""
+    sys_path, payload = pickle.loads(data)
     sys.path[:] = [*sys_path, *(entry for entry in sys.path if entry not in sys_path)]
     return pickle.loads(payload)
 
 
 def build_worker(bootstrap: WorkerBootstrap):
-    """Set threads, join the process group and load this rank's shard."""
+    """Set threads, join the process groups and load this rank's shard (its pipeline
+    stage's layers, its tensor-parallel slice of them)."""
     import torch
 
     from vlite.distributed import init_tensor_parallel_group
+    from vlite.distributed.pipeline import build_parallel_groups
     from vlite.worker.worker import Worker
 
+    config = bootstrap.config
     torch.set_num_threads(bootstrap.num_threads)
-    device = bootstrap.config.torch_device
+    device = config.torch_device
     if device.type == "cuda":
         device = torch.device("cuda", bootstrap.rank % torch.cuda.device_count())
-    group = init_tensor_parallel_group(
-        bootstrap.rank, bootstrap.world_size, bootstrap.init_method, device
+    # The default group spans every rank; the stages' tensor-parallel groups live in it.
+    init_tensor_parallel_group(bootstrap.rank, bootstrap.world_size, bootstrap.init_method, device)
+    tp_group, pp_group = build_parallel_groups(
+        bootstrap.rank,
+        config.tensor_parallel_size,
+        config.pipeline_parallel_size,
+        config.pp_layer_partition,
     )
-    worker = Worker(bootstrap.config, bootstrap.registry, tp_group=group, device=device)
+    worker = Worker(config, bootstrap.registry, tp_group=tp_group, pp_group=pp_group, device=device)
     worker.load_model()
     return worker
+
+
+def report_loaded(worker) -> ModelLoaded:
+    """What a loaded worker tells its executor: its KV-block budget and attention backend."""
+    return ModelLoaded(worker.determine_num_kv_blocks(), worker.attention_backend_name or "")
 
 
 def serve(conn: Connection, worker, rank: int) -> None:
@@ -75,7 +94,7 @@ def serve(conn: Connection, worker, rank: int) -> None:
             case ExecuteStep(scheduler_output):
                 worker.execute_model(scheduler_output)
                 output = worker.sample_tokens()
-                if rank == 0:
+                if worker.reports_samples:
                     conn.send_bytes(encoder.encode(StepResult(output)))
             case InitializeKVCache(num_blocks):
                 worker.initialize_kv_cache(num_blocks)
@@ -92,18 +111,17 @@ def run(conn: Connection) -> int:
         bootstrap = read_bootstrap(conn)
         rank = bootstrap.rank
         worker = build_worker(bootstrap)
-        num_blocks = worker.determine_num_kv_blocks()
-        loaded = ModelLoaded(num_blocks, worker.attention_backend_name or "")
-        conn.send_bytes(msgspec.msgpack.encode(loaded))
+        conn.send_bytes(msgspec.msgpack.encode(report_loaded(worker)))
         serve(conn, worker, rank)
     except BaseException as exc:  # reported to the engine, which raises it there
         failure = WorkerFailure(rank, type(exc).__name__, str(exc), traceback.format_exc())
         with contextlib.suppress(OSError):  # the engine is gone: nobody to tell
             conn.send_bytes(msgspec.msgpack.encode(failure))
         return FAILURE_EXIT_CODE
-    from vlite.distributed import destroy_tensor_parallel_group
+    import torch.distributed as dist
 
-    destroy_tensor_parallel_group(worker.tp_group)
+    if dist.is_initialized():  # every rank's default group, whatever its stage and slice
+        dist.destroy_process_group()
     return 0
 
 

@@ -1,4 +1,4 @@
-"""``multiproc``: one worker process per tensor-parallel rank.
+"""``multiproc``: one worker process per rank (tensor-parallel ranks x pipeline stages).
 
 Each step's :class:`~vlite.core.outputs.SchedulerOutput` is msgpack-encoded once and sent
 to every worker; each worker runs its shard's forward pass and samples. Every rank holds
@@ -8,13 +8,23 @@ only rank 0's tokens travel back. (The logits are identical bit for bit on every
 they are copies made by the all-gather, computed from hidden states that the all-reduces
 leave identical on every rank.)
 
-KV-cache blocks: each rank sizes its own cache from its own memory budget; the engine
-uses the smallest count, so every rank can hold every block the scheduler hands out.
+KV-cache blocks: each rank sizes its own cache from its own memory budget (a pipeline
+stage's cache holds only its own layers); the engine uses the smallest count, so every rank
+can hold every block the scheduler hands out.
+
+Pipeline parallelism: every rank gets every step's message; a stage receives its input from
+the stage before over ``torch.distributed`` and starts on the next message as soon as it has
+handed its output on, so with ``pp`` batches in flight (the engine's batch queue) all stages
+work at once. Only the last stage samples, and its first rank replies; replies come back in
+the order the batches were sent, which :meth:`MultiprocExecutor.execute_model_async`'s
+futures rely on.
 """
 
 from __future__ import annotations
 
 import weakref
+from collections import deque
+from concurrent.futures import Future
 
 import msgspec
 
@@ -54,6 +64,7 @@ class MultiprocExecutor(Executor):
         self.attention_backend_name = loaded[0].attention_backend_name
         self._num_kv_blocks_per_rank = [reply.num_kv_blocks for reply in loaded]
         self._encoder = msgspec.msgpack.Encoder()
+        self._awaiting: deque[_ReplyFuture] = deque()
 
     def initialize_kv_cache(self) -> int:
         num_blocks = min(self._num_kv_blocks_per_rank)
@@ -66,17 +77,57 @@ class MultiprocExecutor(Executor):
     def sample_tokens(self) -> ModelRunnerOutput:
         return self.pool.receive_step_result()
 
+    @property
+    def max_concurrent_batches(self) -> int:
+        """One batch per pipeline stage."""
+        return self.config.pipeline_parallel_size
+
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> Future[ModelRunnerOutput]:
+        """Send the batch to every rank and return at once; the future's ``result()`` reads
+        replies, oldest first, until its own has come."""
+        self.execute_model(scheduler_output)
+        future = _ReplyFuture(self._receive_oldest)
+        self._awaiting.append(future)
+        return future
+
+    def _receive_oldest(self) -> None:
+        future = self._awaiting.popleft()
+        try:
+            future.set_result(self.sample_tokens())
+        except BaseException as exc:
+            future.set_exception(exc)
+            while self._awaiting:  # the pool refuses further work: so do the later ones
+                self._awaiting.popleft().set_exception(exc)
+
     def shutdown(self) -> None:
         self._finalizer()
 
 
+class _ReplyFuture(Future):
+    """A future filled on demand: ``result()`` pulls replies until this one has come."""
+
+    def __init__(self, pull) -> None:
+        super().__init__()
+        self._pull = pull
+
+    def result(self, timeout: float | None = None) -> ModelRunnerOutput:
+        while not self.done():
+            self._pull()
+        return super().result(timeout)
+
+
 def check_model_splits(config: VliteConfig, registry: PluginRegistry) -> None:
-    """Fail fast, before any process starts, when the model cannot be split ``tp`` ways."""
-    tp = config.tensor_parallel_size
-    if tp == 1:
+    """Fail fast, before any process starts, when the model cannot be split ``tp`` ways
+    or into ``pp`` stages."""
+    tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
+    if tp == 1 and pp == 1:
         return
     spec = ModelSpec.from_config(config)
     model_cls = registry.get("model", spec.architecture)
+    if pp > 1:
+        check_pipeline_split(config, spec, model_cls)
+    if tp == 1:
+        return
     if not getattr(model_cls, "supports_tensor_parallel", False):
         raise ValueError(
             f"model class {model_cls.__qualname__} ({spec.architecture}) does not support "
@@ -85,6 +136,20 @@ def check_model_splits(config: VliteConfig, registry: PluginRegistry) -> None:
     check = getattr(model_cls, "check_tensor_parallel_size", None)
     if check is not None:
         check(spec.hf_config, tp)
+
+
+def check_pipeline_split(config: VliteConfig, spec: ModelSpec, model_cls: type) -> None:
+    """Refuse a model class without pipeline support, and a split that leaves a stage no
+    layer (or a ``pp_layer_partition`` that does not add up)."""
+    from vlite.distributed.pipeline import stage_layer_ranges
+
+    pp = config.pipeline_parallel_size
+    if not getattr(model_cls, "supports_pipeline_parallel", False):
+        raise ValueError(
+            f"model class {model_cls.__qualname__} ({spec.architecture}) does not support "
+            f"pipeline parallelism; pipeline_parallel_size={pp} needs one that does"
+        )
+    stage_layer_ranges(spec.hf_config.num_hidden_layers, pp, config.pp_layer_partition)
 
 
 @hookimpl

@@ -1,4 +1,5 @@
-"""WorkerProcessPool: the engine's side of N worker processes (one per tensor-parallel rank).
+"""WorkerProcessPool: the engine's side of N worker processes (one per rank: tensor-parallel
+ranks times pipeline stages).
 
 Workers are started with ``subprocess`` as ``python -m vlite.worker.worker_process FD``,
 each with one end of a socket pair. Not ``multiprocessing``'s spawn context, because
@@ -66,12 +67,15 @@ class WorkerProcessPool:
     """Starts, talks to and stops the worker processes of one executor.
 
     Args:
-        config: the engine configuration (``tensor_parallel_size`` workers are started).
+        config: the engine configuration (``tensor_parallel_size * pipeline_parallel_size``
+            workers are started).
         registry: the plugin registry handed to every worker (it must pickle).
     """
 
     def __init__(self, config: VliteConfig, registry) -> None:
-        self.world_size = config.tensor_parallel_size
+        self.world_size = config.tensor_parallel_size * config.pipeline_parallel_size
+        #: The rank whose tokens come back: the last stage's first tensor-parallel rank.
+        self.sampling_rank = (config.pipeline_parallel_size - 1) * config.tensor_parallel_size
         self.config = config
         self.error: WorkerProcessError | None = None
         self._decoder = msgspec.msgpack.Decoder(FromWorker)
@@ -150,8 +154,9 @@ class WorkerProcessPool:
                 self._fail(rank, f"its connection broke ({exc})")
 
     def receive_step_result(self) -> ModelRunnerOutput:
-        """Rank 0's tokens for the step sent last."""
-        return self._receive({0}, StepResult)[0].output
+        """The sampling rank's tokens for the oldest step not received yet."""
+        rank = self.sampling_rank
+        return self._receive({rank}, StepResult)[rank].output
 
     def _receive(self, ranks: set[int], expected: type) -> dict[int, FromWorker]:
         """One ``expected`` message from each of ``ranks``; any other news is a failure."""
