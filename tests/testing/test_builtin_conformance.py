@@ -7,6 +7,9 @@ not loaded (their own tests run the suites on them).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import pytest
 
 from vlite.core.plugins import PLUGIN_KINDS, PluginRegistry, build_plugin_manager
@@ -54,13 +57,37 @@ class TestBuiltinSamplers(SamplerConformance):
         return request.param
 
 
+def executor_params() -> list:
+    """Every built-in executor; ``ray``'s runs are slow (actors start a Python each)."""
+    return [
+        pytest.param(name, marks=pytest.mark.slow) if name == "ray" else name
+        for name in builtin_names("executor")
+    ]
+
+
+@contextlib.contextmanager
+def small_local_ray() -> Iterator[None]:
+    """A local Ray instance sized for tests, shared by one executor's runs (skipped when Ray
+    is not installed: it is the optional extra ``vlite[ray]``)."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=80 << 20, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
 class TestBuiltinExecutors(ExecutorConformance):
     load_entry_points = False
 
-    @pytest.fixture(scope="class", params=builtin_names("executor"))
+    @pytest.fixture(scope="class", params=executor_params())
     @classmethod
-    def conformance_plugin_name(cls, request) -> str:
-        return request.param
+    def conformance_plugin_name(cls, request) -> Iterator[str]:
+        if request.param != "ray":
+            yield request.param
+            return
+        with small_local_ray():  # else every engine would start (and stop) its own
+            yield request.param
 
 
 TESTED_KINDS = {

@@ -93,8 +93,9 @@ class VliteConfig(BaseSettings):
     )
     pp_layer_partition: tuple[int, ...] | None = Field(
         None,
-        description="Layers per pipeline stage, e.g. 5,5,4 (default: equal runs, the first "
-        "stages taking one more when they do not divide).",
+        description="Layers per pipeline stage, in stage order (the flag once per stage; "
+        "VLITE_PP_LAYER_PARTITION=[5,5,4]). Default: equal runs, the first stages taking one "
+        "more when the stages do not divide the layers.",
     )
     async_scheduling: bool = Field(
         False,
@@ -135,11 +136,11 @@ class VliteConfig(BaseSettings):
 
     ray_address: str | None = Field(
         None,
-        description="With executor 'ray': the Ray cluster to run on ('auto': the one started "
-        "on this machine with 'ray start'; 'HOST:PORT': its head node; 'local': a new one on "
-        "this machine). Default: RAY_ADDRESS if set, else a cluster running on this "
-        "machine, else a new local one. Unused when this process is connected to Ray "
-        "already. vlite disconnects (and stops a cluster it started) at shutdown.",
+        description="With executor 'ray': the Ray cluster to run on: 'HOST:PORT' of its head "
+        "node, 'auto' for the one started on this machine with 'ray start', or 'local' for a "
+        "new one. Default: RAY_ADDRESS if set, else a cluster started with 'ray start' on "
+        "this machine, else a new local one. Ignored when this process is connected to Ray "
+        "already. At shutdown vlite disconnects, stopping a local Ray it started.",
     )
     ray_placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
         "PACK",
