@@ -30,6 +30,12 @@ figures are still shown.
     python benchmarks/serving.py                                 # defaults
     python benchmarks/serving.py --num-requests 16 --concurrency 4 --max-tokens 32
     python benchmarks/serving.py --engines vlite --model path/to/hf-folder
+    python benchmarks/serving.py --engines vlite --data-parallel-size 2 \
+        --vlite-args='--cpu-threads 1'                            # two engine cores
+
+``--data-parallel-size N`` runs vlite with N engine-core processes behind its API server
+(``vlite serve --data-parallel-size N``); each core computes with the server's default
+share of the cores unless ``--vlite-args`` sets ``--cpu-threads``.
 
 Run it as a script (it imports ``default_model_folder`` from ``harness.py`` next to it).
 """
@@ -108,6 +114,12 @@ def parse_args() -> argparse.Namespace:
         default=os.cpu_count() or 1,
         help="OMP_NUM_THREADS and MKL_NUM_THREADS of every server process",
     )
+    parser.add_argument(
+        "--data-parallel-size",
+        type=int,
+        default=1,
+        help="vlite's engine-core processes (vlite serve --data-parallel-size)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the prompts")
     parser.add_argument(
         "--dtype",
@@ -156,6 +168,8 @@ def parse_args() -> argparse.Namespace:
         parser.error(f"--engines: unknown {unknown}; choose from {','.join(ENGINES)}")
     if args.num_requests < 1 or args.max_tokens < 1 or args.concurrency < 0:
         parser.error("--num-requests and --max-tokens must be >= 1, --concurrency >= 0")
+    if args.data_parallel_size < 1:
+        parser.error(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}")
     return args
 
 
@@ -208,7 +222,7 @@ def server_spec(name: str, folder: Path, port: int, args: argparse.Namespace) ->
         argv = [
             python, "-m", "vlite", "serve", "--model", str(folder), "--dtype", args.dtype,
             "--device", args.device, "--host", "127.0.0.1", "--port", str(port),
-            "--log-level", "warning",
+            "--log-level", "warning", "--data-parallel-size", str(args.data_parallel_size),
         ]  # fmt: skip
         argv += shlex.split(args.vlite_args)
         return ServerSpec(name, argv, {"ignore_eos": True}, " ".join(argv[2:]))
@@ -303,7 +317,7 @@ class Server:
         raise ServerStartError(f"{self.spec.name} server not healthy after {timeout:.0f} s")
 
     def processes(self) -> list[psutil.Process]:
-        """The server process and its descendants (vlite: the engine-core process)."""
+        """The server process and its descendants (vlite: the engine-core processes)."""
         with contextlib.suppress(psutil.Error):
             root = psutil.Process(self.process.pid)
             return [root, *root.children(recursive=True)]
@@ -525,6 +539,7 @@ def print_report(runs: list[EngineRun], args: argparse.Namespace, folder: Path) 
         f"\nmodel={folder} dtype={args.dtype} device={args.device} threads={args.threads} "
         f"requests={args.num_requests} concurrency={args.concurrency or 'all'} "
         f"max_tokens={args.max_tokens} prompt_len={tuple(args.prompt_len)} seed={args.seed} "
+        f"vlite data_parallel_size={args.data_parallel_size} "
         f"endpoint=/v1/completions (streaming)"
     )
     done = [run for run in runs if run.error is None]

@@ -27,6 +27,7 @@ FLAG_ALIASES: dict[str, tuple[str, ...]] = {
     "tensor_parallel_size": ("--tp",),
     "pipeline_parallel_size": ("--pp",),
     "enable_prefix_caching": ("--prefix-caching/--no-prefix-caching",),
+    "data_parallel_size": ("-dp",),
 }
 
 

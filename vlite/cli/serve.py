@@ -47,6 +47,11 @@ def serve_command(config_file, **options):
     ones get --shutdown-timeout-s seconds, then the server stops (exit status 0; a second
     signal stops at once). If the engine core dies, the server stops with exit status 1.
 
+    With --data-parallel-size N (-dp N) the server runs N engine-core processes on the
+    same model, each with its own workers, and sends each new request to the least-loaded
+    one; /metrics labels each core's series engine="i" beside the unlabeled totals, and if
+    any core dies the server stops as above.
+
     \b
     Examples:
       vlite serve --port 8000
@@ -64,7 +69,7 @@ def serve_command(config_file, **options):
     from vlite.engine.exceptions import EngineStartupError
     from vlite.server.api_server import ApiServer, bind_socket, with_serving_defaults
 
-    config = with_serving_defaults(config, config_file, overrides)
+    config = with_serving_defaults(config, config_file, overrides, settings.data_parallel_size)
 
     try:
         sock = bind_socket(settings.host, settings.port)
@@ -98,11 +103,14 @@ def _announce(server) -> None:
         f"scheduler: {config.scheduler}, {budget} tokens per step, chunked prefill {chunking}",
         err=True,
     )
-    click.echo(
-        f"engine core: pid {info.pid}, {info.num_kv_blocks} KV-cache blocks of "
-        f"{info.block_size} tokens, max_model_len {info.max_model_len}",
-        err=True,
-    )
+    infos = server.engine.engine_infos
+    for index, core in enumerate(infos):
+        name = "engine core" if len(infos) == 1 else f"engine core {index}"
+        click.echo(
+            f"{name}: pid {core.pid}, {core.num_kv_blocks} KV-cache blocks of "
+            f"{core.block_size} tokens, max_model_len {core.max_model_len}",
+            err=True,
+        )
     click.echo(
         f"vlite serving {server.served_model_name!r} at {server.address} "
         f"(OpenAI API under {server.address}/v1"

@@ -8,7 +8,10 @@
         +-- output handler task (one per engine) ------------+
 
 Tokenizing, detokenizing and stop strings run here, in the front end; the core process
-only schedules and runs the model, so HTTP handling never stalls the step loop.
+only schedules and runs the model, so HTTP handling never stalls the step loop. With
+``data_parallel_size > 1`` the front end drives several core processes through a
+:class:`~vlite.engine.data_parallel_client.DataParallelClient` (each new request goes to
+the least-loaded core); everything above the client stays one.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from vlite.core.request import RequestStatus
 from vlite.core.sampling_params import SamplingParams
 from vlite.engine.core_client import AsyncMPClient
 from vlite.engine.core_messages import EngineCoreInfo, EngineCoreStats, RequestErrors
+from vlite.engine.data_parallel_client import DataParallelClient
 from vlite.engine.engine_core_proc import EngineCoreFactory
 from vlite.engine.exceptions import EngineDeadError, EngineGenerateError
 from vlite.engine.input_processor import InputProcessor, Prompt
@@ -41,17 +45,23 @@ TOKENIZER_THREADS = 2
 
 
 class AsyncLLM:
-    """Generate text online: many concurrent, streaming requests on one engine core.
+    """Generate text online: many concurrent, streaming requests on one engine core (or on
+    ``data_parallel_size`` of them).
 
-    Construction starts the engine-core process and returns once it is ready. One
+    Construction starts the engine-core process(es) and returns once they are ready. One
     AsyncLLM serves one asyncio event loop (the loop of its first ``generate()``).
 
     Args:
-        config: the engine configuration.
+        config: the engine configuration (every core gets the same).
         engine_core_factory: builds the EngineCore inside the core process; must be
             picklable (a class or a module-level function). Default: ``EngineCore``.
         startup_timeout_s: most seconds to wait for the core to start (``None``: no limit
             while its process lives).
+        data_parallel_size: how many engine-core processes (each a whole engine with its
+            own executor) share the requests; 1 (the default) talks to one core directly.
+
+    Raises:
+        ValueError: ``data_parallel_size`` is less than 1.
 
     Example::
 
@@ -67,15 +77,26 @@ class AsyncLLM:
         *,
         engine_core_factory: EngineCoreFactory | None = None,
         startup_timeout_s: float | None = None,
+        data_parallel_size: int = 1,
     ) -> None:
+        if data_parallel_size < 1:
+            raise ValueError(
+                f"data_parallel_size must be at least 1 (engine-core processes), "
+                f"got {data_parallel_size}"
+            )
         self.config = config
+        self._data_parallel_size = data_parallel_size
         self._collectors: dict[str, RequestOutputCollector] = {}
         self._output_handler: asyncio.Task | None = None
         self._handler_error: EngineDeadError | None = None
         self._request_counter = itertools.count()
         self._finished_observers: list[Callable[[RequestOutput], None]] = []
         # Start the core first: it loads the model while this process loads the tokenizer.
-        self.engine_core = AsyncMPClient(config, engine_core_factory)
+        self.engine_core: AsyncMPClient | DataParallelClient = (
+            AsyncMPClient(config, engine_core_factory)
+            if data_parallel_size == 1
+            else DataParallelClient(config, data_parallel_size, engine_core_factory)
+        )
         try:
             model_spec = ModelSpec.from_config(config)
             self.tokenizer = model_spec.load_tokenizer()
@@ -99,8 +120,19 @@ class AsyncLLM:
 
     @property
     def engine_info(self) -> EngineCoreInfo:
-        """What the core reported at startup: attention backend, KV blocks, context length."""
+        """What the core reported at startup: attention backend, KV blocks, context length
+        (core 0's, with several: they all run the same config)."""
         return self.engine_core.info
+
+    @property
+    def engine_infos(self) -> list[EngineCoreInfo]:
+        """Every core's startup report, in core order (one without data parallelism)."""
+        return self.engine_core.infos
+
+    @property
+    def data_parallel_size(self) -> int:
+        """How many engine-core processes serve the requests."""
+        return self._data_parallel_size
 
     @property
     def attention_backend_name(self) -> str:
@@ -208,9 +240,8 @@ class AsyncLLM:
         collector = RequestOutputCollector(output_kind)
         core_requests = self.output_processor.add_request(core_request, text, output_kind)
         self._collectors[request_id] = collector
-        try:
-            for request in core_requests:  # n > 1: the n samples, as separate requests
-                self.engine_core.add_request(request)
+        try:  # n > 1: the n samples, as separate requests (to one core)
+            self.engine_core.add_requests(core_requests)
         except BaseException:
             self._abort_now([request_id])
             del self._collectors[request_id]
@@ -233,9 +264,19 @@ class AsyncLLM:
         self.engine_core.abort_requests(core_request_ids)
 
     async def get_stats(self) -> EngineCoreStats:
-        """The core's counters now (KV blocks free, requests running and waiting, steps)."""
+        """The core's counters now (KV blocks free, requests running and waiting, steps);
+        with several cores, their sum (:meth:`EngineCoreStats.combined`)."""
         self._ensure_output_handler()
         return await self.engine_core.get_stats()
+
+    async def get_engine_stats(self) -> list[EngineCoreStats | None]:
+        """Each core's counters now, in core order; ``None`` for a core that cannot
+        answer (dead, or the engine shut down). Never raises for a dead engine."""
+        if self._handler_error is not None:  # nothing would read the answers
+            return [None] * self._data_parallel_size
+        if self.dead_error is None:
+            self._ensure_output_handler()
+        return await self.engine_core.get_stats_per_core()
 
     # ---- the output handler --------------------------------------------------------
 

@@ -9,7 +9,8 @@
 Sends are synchronous and never block (the connecting PUSH queues without limit), so an
 abort can be sent from any code on the event loop, even a ``finally`` block. The process's
 death is noticed by polling its sentinel next to the output socket: no request waits on
-a dead process.
+a dead process. Several cores (data parallelism) are driven by one AsyncMPClient each,
+under a :class:`~vlite.engine.data_parallel_client.DataParallelClient`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import multiprocessing.connection
 import shutil
 import tempfile
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 import zmq
@@ -158,13 +160,21 @@ class AsyncMPClient:
     Args:
         config: the engine configuration.
         engine_core_factory: builds the core in the child (default: ``EngineCore``).
+        on_stats: called with each statistics answer (``None`` for one that failed) the
+            moment it arrives, in order with the outputs (a data-parallel router uses it).
     """
 
     def __init__(
-        self, config: VliteConfig, engine_core_factory: EngineCoreFactory | None = None
+        self,
+        config: VliteConfig,
+        engine_core_factory: EngineCoreFactory | None = None,
+        *,
+        on_stats: Callable[[EngineCoreStats | None], None] | None = None,
     ) -> None:
         self._dead_error: EngineDeadError | None = None
         self._is_shut_down = False
+        self._asked_to_stop = False
+        self._on_stats = on_stats
         self._call_ids = itertools.count()
         self._utility_calls: dict[int, asyncio.Future] = {}
         self._poller: zmq.asyncio.Poller | None = None
@@ -198,6 +208,11 @@ class AsyncMPClient:
         return self._info
 
     @property
+    def infos(self) -> list[EngineCoreInfo]:
+        """:attr:`info` as a list of one, as :class:`DataParallelClient` has one per core."""
+        return [self.info]
+
+    @property
     def is_shut_down(self) -> bool:
         return self._is_shut_down
 
@@ -211,6 +226,11 @@ class AsyncMPClient:
     def add_request(self, request: EngineCoreRequest) -> None:
         self._send(AddRequest(request))
 
+    def add_requests(self, requests: list[EngineCoreRequest]) -> None:
+        """Send requests that belong together (the samples of one ``n > 1`` request)."""
+        for request in requests:
+            self._send(AddRequest(request))
+
     def abort_requests(self, request_ids: list[str]) -> None:
         """Finish requests as aborted (freeing their blocks); a dead core is ignored."""
         if request_ids and self._dead_error is None and not self._is_shut_down:
@@ -222,14 +242,23 @@ class AsyncMPClient:
 
     async def get_stats(self) -> EngineCoreStats:
         """The core's counters. Answered through :meth:`get_output`, which must be running."""
+        return await self.request_stats()
+
+    async def get_stats_per_core(self) -> list[EngineCoreStats | None]:
+        """``[the core's counters]``, or ``[None]`` once it is dead or shut down."""
+        try:
+            return [await self.get_stats()]
+        except EngineDeadError:
+            return [None]
+
+    def request_stats(self) -> asyncio.Future[EngineCoreStats]:
+        """Ask for the core's counters now; the future gets them once :meth:`get_output`
+        (which must be running) receives the answer."""
         call_id = next(self._call_ids)
+        self._send(GetStats(call_id))
         future = asyncio.get_running_loop().create_future()
         self._utility_calls[call_id] = future
-        try:
-            self._send(GetStats(call_id))
-            return await future
-        finally:
-            self._utility_calls.pop(call_id, None)
+        return future
 
     def _send(self, message: CoreInput) -> None:
         if self._dead_error is not None:
@@ -271,7 +300,9 @@ class AsyncMPClient:
         raise self._mark_dead(f"it exited with code {self.process.exitcode}")
 
     def _resolve_utility_call(self, result: UtilityResult) -> None:
-        future = self._utility_calls.get(result.call_id)
+        if self._on_stats is not None:
+            self._on_stats(result.stats)
+        future = self._utility_calls.pop(result.call_id, None)
         if future is None or future.done():
             return
         if result.error is not None:
@@ -289,16 +320,22 @@ class AsyncMPClient:
 
     # ---- shutdown ------------------------------------------------------------------
 
+    def ask_to_stop(self) -> None:
+        """Send the core a :class:`Shutdown` (once) without waiting for it to exit, so that
+        several cores stop at the same time; :meth:`shutdown` then waits."""
+        if self._asked_to_stop or self._is_shut_down:
+            return
+        if self._info is not None and self._dead_error is None and self.process.is_alive:
+            self._input_socket.send(encoder.encode(Shutdown()), flags=zmq.NOBLOCK)
+            self._asked_to_stop = True
+
     def shutdown(self) -> None:
         """Stop the process (asking nicely first) and close the sockets. Idempotent."""
         if self._is_shut_down:
             return
-        asked = False
-        if self._info is not None and self._dead_error is None and self.process.is_alive:
-            self._input_socket.send(encoder.encode(Shutdown()), flags=zmq.NOBLOCK)
-            asked = True
+        self.ask_to_stop()
         self._is_shut_down = True
-        self.process.stop(asked_to_stop=asked)
+        self.process.stop(asked_to_stop=self._asked_to_stop)
         self._close_sockets()
         for future in self._utility_calls.values():
             if not future.done():

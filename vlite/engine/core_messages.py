@@ -9,6 +9,8 @@ requests that failed, a utility result, or a fatal error just before the process
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from typing import Annotated
 
 import msgspec
@@ -91,6 +93,31 @@ class EngineCoreStats(msgspec.Struct, array_like=True):
     ]
     #: Sums over the steps run so far.
     totals: StepTotals
+
+    @classmethod
+    def combined(cls, parts: Sequence[EngineCoreStats]) -> EngineCoreStats:
+        """Several cores' statistics as one engine's (data parallelism): every count and
+        counter summed, ``kv_cache_usage`` the fraction of all their blocks in use.
+
+        Raises:
+            ValueError: ``parts`` is empty.
+        """
+        if not parts:
+            raise ValueError("combined() needs the statistics of at least one engine core")
+        fields = {
+            name: sum(getattr(part, name) for part in parts)
+            for name in cls.__struct_fields__
+            if name not in ("kv_cache_usage", "totals")
+        }
+        num_blocks = fields["num_kv_blocks"]
+        used_blocks = sum(part.kv_cache_usage * part.num_kv_blocks for part in parts)
+        totals = StepTotals(
+            **{
+                field.name: sum(getattr(part.totals, field.name) for part in parts)
+                for field in dataclasses.fields(StepTotals)
+            }
+        )
+        return cls(kv_cache_usage=used_blocks / max(num_blocks, 1), totals=totals, **fields)
 
 
 class StepOutputs(msgspec.Struct, tag="outputs", array_like=True):

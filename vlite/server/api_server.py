@@ -55,7 +55,10 @@ SERVING_TOKEN_BUDGET = {"cpu": 128, "cuda": 2048}
 
 
 def with_serving_defaults(
-    config: VliteConfig, config_file: str | None = None, overrides: dict | None = None
+    config: VliteConfig,
+    config_file: str | None = None,
+    overrides: dict | None = None,
+    data_parallel_size: int = 1,
 ) -> VliteConfig:
     """``config`` with the server's scheduling and thread defaults where nobody chose
     otherwise.
@@ -64,13 +67,21 @@ def with_serving_defaults(
     ``vlite serve`` chunks prefills with whichever scheduler policy is chosen, under a
     per-device token budget: ``enable_chunked_prefill`` unless it was set (a config file,
     ``VLITE_*`` variable or flag wins), and the budget while it is unset too.
+
+    The CPU threads, unless set, are the physical cores split over every worker of the
+    ``data_parallel_size`` engine cores, less one core for the API process where there
+    are at least four.
     """
     origins = describe_sources(config_file, overrides or {})
     update: dict = {}
-    if origins["cpu_threads"] == "default" and physical_cores() >= 4:
+    cores = physical_cores()
+    if origins["cpu_threads"] == "default" and (cores >= 4 or data_parallel_size > 1):
         # The API process tokenizes and streams: leave it a core on machines that have
         # cores to spare (on two, halving the engine's threads costs more than it saves).
-        update["cpu_threads"] = default_cpu_threads(config.tensor_parallel_size, 1)
+        num_workers = (
+            config.tensor_parallel_size * config.pipeline_parallel_size * data_parallel_size
+        )
+        update["cpu_threads"] = default_cpu_threads(num_workers, 1 if cores >= 4 else 0)
     if origins["enable_chunked_prefill"] == "default":
         update["enable_chunked_prefill"] = True
     chunks = update.get("enable_chunked_prefill", config.enable_chunked_prefill)
@@ -104,6 +115,7 @@ def build_app(
 
     @app.get("/health")
     async def health() -> Response:
+        # With several engine cores, dead_error names the core that died.
         if engine.dead_error is not None:
             return OpenAIError(
                 str(engine.dead_error), HTTPStatus.SERVICE_UNAVAILABLE
@@ -120,11 +132,8 @@ def build_app(
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        try:
-            stats = await engine.get_stats()
-        except EngineDeadError:
-            stats = None
-        text = render_metrics(stats, served_model_name, histograms)
+        per_engine = await engine.get_engine_stats()  # None for a dead core
+        text = render_metrics(per_engine, served_model_name, histograms)
         return Response(text, media_type=METRICS_TYPE)
 
     @app.post("/v1/completions")
@@ -183,7 +192,9 @@ class ApiServer:
     non-streamed request gets a 503), the engine-core process and its workers stop and the
     IPC files go; :meth:`run` then returns. A second signal skips the wait. If the engine
     core dies, in-flight requests fail at once and the server stops too, with
-    :attr:`exit_code` 1, so that a supervisor restarts it.
+    :attr:`exit_code` 1, so that a supervisor restarts it. With several engine cores
+    (``settings.data_parallel_size``) the same happens when any one of them dies: its
+    requests and those of the others fail at once, and every core is stopped.
 
     Args:
         config: the engine configuration.
@@ -226,7 +237,9 @@ class ApiServer:
 
     async def serve(self) -> None:
         self.loop = asyncio.get_running_loop()
-        self.engine = AsyncLLM.from_config(self.config)
+        self.engine = AsyncLLM.from_config(
+            self.config, data_parallel_size=self.settings.data_parallel_size
+        )
         watcher = None
         try:
             app = build_app(self.engine, self.served_model_name, self.settings, self.drain)
@@ -298,6 +311,7 @@ class ApiServer:
         logger.error("the engine core died (%s): stopping the server", self.engine.dead_error)
         self.exit_code = 1
         self.engine.fail_all(self.engine.dead_error)
+        self.drain.reason = str(self.engine.dead_error)  # /health keeps naming the dead core
         self.drain.draining = True
         await self.drain.wait_idle(GRACEFUL_SHUTDOWN_S)
         self._server.should_exit = True

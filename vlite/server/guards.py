@@ -190,6 +190,8 @@ class Drain:
 
     def __init__(self) -> None:
         self.draining = False
+        #: Why it drains, when not asked to (the refusals say it): an engine core's death.
+        self.reason: str | None = None
         self.num_in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -226,8 +228,9 @@ class DrainGuard:
             await self.app(scope, receive, send)
             return
         if self.drain.draining:
+            reason = f" ({self.drain.reason})" if self.drain.reason else ""
             error = OpenAIError(
-                "the server is shutting down; retry on another instance or later",
+                f"the server is shutting down{reason}; retry on another instance or later",
                 HTTPStatus.SERVICE_UNAVAILABLE,
             )
             await _refuse(error, scope, receive, send, **{"Retry-After": str(self.retry_after_s)})

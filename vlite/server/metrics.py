@@ -13,11 +13,22 @@ one read the other) and a ``model_name`` label on every sample:
   queue time, prompt and generation lengths of finished requests (vLLM's buckets);
 - ``vlite:engine_healthy``: 1, or 0 once the engine is dead (then the core's statistics
   are missing, and the answer is still a valid exposition).
+
+Data parallelism (``--data-parallel-size N``, N > 1): every statistic and
+``engine_healthy`` has one series per engine core, labelled ``engine="0"`` ...
+``engine="N-1"``, and beside them the server's total as the series *without* an
+``engine`` label, the same series a one-core server exposes (which has no per-engine
+series). So a dashboard reading the unlabeled series reads the whole server at any N, and
+``{engine!=""}`` selects the per-core ones (summing every series counts each core twice).
+A total is the sum of the per-engine series, except ``kv_cache_usage_perc`` (the fraction
+of all the cores' blocks in use) and ``engine_healthy`` (1 only while every core is
+alive, as ``/health`` says). While a core is dead its statistics are missing and so are
+the totals; the cores still alive keep their series.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -115,45 +126,88 @@ class RequestHistograms:
         self.generation_tokens.observe(metrics.num_generation_tokens)
 
 
+#: Extra labels of a series: ``{}`` for the server's total, ``{"engine": "i"}`` for core i.
+Labels = dict[str, str]
+
+
 class _ScrapeCollector:
-    """One scrape: the engine core's statistics (if it answered), its health, and the
-    request histograms."""
+    """One scrape: the engine cores' statistics (those that answered), their health, and
+    the request histograms."""
 
     def __init__(
         self,
-        stats: EngineCoreStats | None,
+        per_engine: Sequence[EngineCoreStats | None],
         model_name: str,
         histograms: RequestHistograms | None,
     ) -> None:
-        self.stats = stats
+        self.per_engine = per_engine
         self.model_name = model_name
         self.histograms = histograms
 
     def collect(self) -> Iterator[Metric]:
+        yield self._health()
+        yield from self._statistics()
+        if self.histograms is not None:
+            yield from self.histograms.registry.collect()
+
+    def _health(self) -> Metric:
         healthy = GaugeMetricFamily(
             PREFIX + "engine_healthy",
             "1 while the engine core serves, 0 once it is dead.",
             labels=["model_name"],
         )
-        healthy.add_metric([self.model_name], 0 if self.stats is None else 1)
-        yield healthy
-        if self.stats is not None:
-            for metric, value in metric_values(self.stats):
-                family = _FAMILIES[metric.kind](
-                    PREFIX + metric.name, metric.documentation, labels=["model_name"]
-                )
-                family.add_metric([self.model_name], value)
-                yield family
-        if self.histograms is not None:
-            yield from self.histograms.registry.collect()
+        alive = [stats is not None for stats in self.per_engine]
+        self._add(healthy, {}, int(all(alive)))
+        if len(alive) > 1:
+            for index, is_alive in enumerate(alive):
+                self._add(healthy, {"engine": str(index)}, int(is_alive))
+        return healthy
+
+    def _statistics(self) -> Iterator[Metric]:
+        series = self._labelled_statistics()
+        if not series:
+            return
+        columns = [(labels, list(metric_values(stats))) for labels, stats in series]
+        for position, (metric, _) in enumerate(columns[0][1]):
+            family = _FAMILIES[metric.kind](
+                PREFIX + metric.name, metric.documentation, labels=["model_name"]
+            )
+            for labels, values in columns:
+                self._add(family, labels, values[position][1])
+            yield family
+
+    def _labelled_statistics(self) -> list[tuple[Labels, EngineCoreStats]]:
+        """The statistics to expose: one core's unlabeled; with several, the total
+        (only when every core answered) and then each core's that answered."""
+        if len(self.per_engine) == 1:
+            stats = self.per_engine[0]
+            return [] if stats is None else [({}, stats)]
+        answered = [stats for stats in self.per_engine if stats is not None]
+        series: list[tuple[Labels, EngineCoreStats]] = []
+        if len(answered) == len(self.per_engine):
+            series.append(({}, EngineCoreStats.combined(answered)))
+        for index, stats in enumerate(self.per_engine):
+            if stats is not None:
+                series.append(({"engine": str(index)}, stats))
+        return series
+
+    def _add(self, family: Metric, labels: Labels, value: float) -> None:
+        name = family.name + ("_total" if family.type == "counter" else "")
+        family.add_sample(name, {"model_name": self.model_name, **labels}, value)
 
 
 def render_metrics(
-    stats: EngineCoreStats | None,
+    stats: EngineCoreStats | None | Sequence[EngineCoreStats | None],
     model_name: str,
     histograms: RequestHistograms | None = None,
 ) -> str:
-    """The exposition text for one scrape (``stats=None``: the engine is dead)."""
+    """The exposition text for one scrape.
+
+    ``stats``: one engine core's statistics (``None``: it is dead), or a list of each
+    core's (``None`` for a dead one): a list of several gives per-engine series and totals
+    (see the module docstring), a list of one is the same as its item.
+    """
+    per_engine = list(stats) if isinstance(stats, Sequence) else [stats]
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_ScrapeCollector(stats, model_name, histograms))
+    registry.register(_ScrapeCollector(per_engine, model_name, histograms))
     return generate_latest(registry).decode()

@@ -56,6 +56,13 @@ class ServerSettings(BaseSettings):
         64 * 1024, ge=1024, description="Largest request line plus headers, in bytes."
     )
     max_headers: int = Field(100, ge=8, description="Most header fields in one request.")
+    data_parallel_size: int = Field(
+        1,
+        ge=1,
+        description="Engine-core processes behind this server (data parallelism), each a "
+        "whole engine on the same model with its own workers (--tp); each new request goes "
+        "to the least-loaded one. Unless --cpu-threads is set, they share the cores.",
+    )
     shutdown_timeout_s: float = Field(
         30.0,
         ge=0,

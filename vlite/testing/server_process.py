@@ -2,8 +2,8 @@
 signals, killed processes, leftover files.
 
 :class:`ServerProcess` starts the server on a free port in its own session (so a test can
-signal it alone), waits until it is ready, records the engine core's pid and the IPC
-directory the server created, and keeps everything the server wrote to stderr.
+signal it alone), waits until it is ready, records the engine cores' pids and the IPC
+directories the server created, and keeps everything the server wrote to stderr.
 """
 
 from __future__ import annotations
@@ -52,8 +52,11 @@ class ServerProcess:
 
     Attributes:
         address: ``http://127.0.0.1:PORT``.
-        core_pid: the engine-core process.
-        ipc_dir: the IPC directory this server created.
+        core_pids: the engine-core processes, in core order (several with
+            ``--data-parallel-size``).
+        core_pid: the first of them.
+        ipc_dirs: the IPC directories this server created (one per core).
+        ipc_dir: the only one of them (``None`` unless there is exactly one).
         log: the lines the server wrote to stderr so far.
     """
 
@@ -74,14 +77,26 @@ class ServerProcess:
         self.log: list[str] = []
         self._lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read_stderr, daemon=True).start()
+        self.core_pids: list[int] = []
         try:
-            self.core_pid = int(self.wait_for_line(r"engine core: pid (\d+)").group(1))
-            self.address = self.wait_for_line(r" at (http://[\d.]+:\d+)").group(1)
+            self.address = self._read_announcement()
         except BaseException:
             self.kill()
             raise
-        created = ipc_dirs() - before
-        self.ipc_dir = created.pop() if len(created) == 1 else None
+        self.core_pid = self.core_pids[0]
+        self.ipc_dirs = ipc_dirs() - before
+        self.ipc_dir = next(iter(self.ipc_dirs)) if len(self.ipc_dirs) == 1 else None
+
+    def _read_announcement(self) -> str:
+        """Record the pid of each ``engine core[ i]: pid N`` line; return the address
+        named after them."""
+        pattern = r"engine core(?: \d+)?: pid (?P<pid>\d+)| at (?P<address>http://[\d.]+:\d+)"
+        while True:
+            match = self.wait_for_line(pattern)
+            if match["pid"] is not None:
+                self.core_pids.append(int(match["pid"]))
+            elif self.core_pids:
+                return match["address"]
 
     def _read_stderr(self) -> None:
         for line in self.process.stderr:
@@ -123,8 +138,8 @@ class ServerProcess:
 
     def kill(self) -> None:
         """End the server and everything it started, whatever state they are in."""
-        for pid in (self.process.pid, getattr(self, "core_pid", None)):
-            if pid is None or not pid_is_alive(pid):
+        for pid in (self.process.pid, *getattr(self, "core_pids", ())):
+            if not pid_is_alive(pid):
                 continue
             try:
                 group = os.getpgid(pid)
