@@ -37,6 +37,12 @@ MODELS = {
         {"num_kv_heads": 2, "tie_word_embeddings": True},
     ),
     "olmoe-gqa-untied": ("OlmoeForCausalLM", {"num_kv_heads": 2, "tie_word_embeddings": False}),
+    "mistral-w12-gqa-tied": (
+        "MistralForCausalLM",
+        {"num_kv_heads": 2, "tie_word_embeddings": True, "sliding_window": 12},
+    ),
+    "qwen2-mha-untied": ("Qwen2ForCausalLM", {"num_kv_heads": 4, "tie_word_embeddings": False}),
+    "qwen3moe-gqa-tied": ("Qwen3MoeForCausalLM", {"num_kv_heads": 2, "tie_word_embeddings": True}),
     "gemma2-gqa-tied": ("Gemma2ForCausalLM", {"num_kv_heads": 2, "tie_word_embeddings": True}),
     "gemma3-mha-untied": ("Gemma3ForCausalLM", {"num_kv_heads": 4, "tie_word_embeddings": False}),
 }

@@ -44,6 +44,12 @@ MODELS = {
         "Qwen2MoeForCausalLM",
         {"num_kv_heads": 2, "tie_word_embeddings": True},
     ),
+    "mistral-w40-gqa-tied": (  # prompts up to 90 tokens: windowed, and preempted
+        "MistralForCausalLM",
+        {"num_kv_heads": 2, "tie_word_embeddings": True, "sliding_window": 40},
+    ),
+    "qwen2-gqa-untied": ("Qwen2ForCausalLM", {"num_kv_heads": 2, "tie_word_embeddings": False}),
+    "qwen3moe-gqa-tied": ("Qwen3MoeForCausalLM", {"num_kv_heads": 2, "tie_word_embeddings": True}),
     "gemma2-gqa-tied": ("Gemma2ForCausalLM", {"num_kv_heads": 2, "tie_word_embeddings": True}),
     "gemma3-mha-untied": ("Gemma3ForCausalLM", {"num_kv_heads": 4, "tie_word_embeddings": False}),
 }
