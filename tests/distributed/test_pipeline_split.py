@@ -69,11 +69,13 @@ def test_a_stage_builds_and_loads_only_its_layers(tmp_path):
     assert hasattr(last.model, "norm") and hasattr(last, "lm_head")
 
 
-def test_what_cannot_be_split_is_refused_before_any_worker_starts(tmp_path):
+def test_what_cannot_be_split_is_refused_before_any_worker_starts(tmp_path, monkeypatch):
     from vlite import LLM
+    from vlite.models.gemma import GemmaForCausalLM
     from vlite.testing.tiny_models import make_tiny_model
 
     gemma = make_tiny_model(tmp_path / "gemma", "Gemma2ForCausalLM")
+    monkeypatch.setattr(GemmaForCausalLM, "supports_pipeline_parallel", False)
     with pytest.raises(ValueError, match="does not support pipeline parallelism"):
         LLM(model=str(gemma), executor="multiproc", pipeline_parallel_size=2)
     llama = make_tiny_model(tmp_path / "llama", "LlamaForCausalLM")  # two layers

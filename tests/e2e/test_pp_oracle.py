@@ -20,6 +20,12 @@ CASES = {
     "llama-pp2": ("LlamaForCausalLM", 1, 2, {"num_kv_heads": 2, "tie_word_embeddings": True}),
     "qwen3-tp2-pp2": ("Qwen3ForCausalLM", 2, 2, {"num_kv_heads": 2, "tie_word_embeddings": False}),
     "mixtral-pp2": ("MixtralForCausalLM", 1, 2, {"num_kv_heads": 2, "tie_word_embeddings": False}),
+    "gemma2-pp2": (
+        "Gemma2ForCausalLM",
+        1,
+        2,
+        {"num_kv_heads": 2, "layer_types": ["sliding_attention", "full_attention"] * 2},
+    ),
     "smollm3-pp3-uneven": (
         "SmolLM3ForCausalLM",
         1,

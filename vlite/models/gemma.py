@@ -18,7 +18,8 @@ What differs from :mod:`vlite.models.llama`, all read from the Hugging Face conf
   with ``rope_theta`` and its scaling (``linear`` for the larger checkpoints).
 
 Tensor parallelism splits heads and GeGLU features as for Llama (the norms, q/k norms
-included, are per head or replicated). GGUF files (llama.cpp's ``gemma2``/``gemma3``) load
+included, are per head or replicated); pipeline stages split the layers as for Llama, a
+stage handing the next only the residual stream. GGUF files (llama.cpp's ``gemma2``/``gemma3``) load
 through :mod:`vlite.models.gguf`, which undoes the converter's ``+1`` on norm weights.
 """
 
@@ -33,8 +34,13 @@ from torch import nn
 from vlite.core.attention import AttentionBackend, AttentionMetadata
 from vlite.core.hookspecs import Register, hookimpl
 from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
-from vlite.distributed.pipeline import SINGLE_STAGE
-from vlite.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
+from vlite.distributed.pipeline import SINGLE_STAGE, PipelineParallelGroup
+from vlite.models.llama import (
+    LlamaAttention,
+    LlamaForCausalLM,
+    LlamaMLP,
+    PipelineMissingLayer,
+)
 from vlite.models.parallel_layers import VocabEmbedding, VocabParallelLMHead
 from vlite.models.rope import RotaryEmbedding, StepRotation
 from vlite.models.spec import head_dim_of, layer_sliding_windows
@@ -142,13 +148,21 @@ class GemmaDecoderLayer(nn.Module):
 
 
 class GemmaModel(nn.Module):
-    """Embedding, decoder layers and final norm (HF's ``model.`` prefix)."""
+    """Embedding, decoder layers and final norm (HF's ``model.`` prefix); with pipeline
+    stages, as :class:`~vlite.models.llama.LlamaModel` splits them."""
 
-    def __init__(self, config: Any, layers: list[GemmaDecoderLayer]):
+    def __init__(
+        self, config: Any, layers: list[nn.Module], pp_group: PipelineParallelGroup
+    ) -> None:
         super().__init__()
-        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
+        tied = bool(getattr(config, "tie_word_embeddings", True))
+        if pp_group.is_first or (pp_group.is_last and tied):
+            self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(layers)
-        self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
+        #: Indices of the layers this stage runs.
+        self.layer_indices = range(*pp_group.layer_range(config.num_hidden_layers))
+        if pp_group.is_last:
+            self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
 class GemmaForCausalLM(LlamaForCausalLM):
@@ -159,7 +173,9 @@ class GemmaForCausalLM(LlamaForCausalLM):
     """
 
     supports_tensor_parallel = True
-    supports_pipeline_parallel = False
+    supports_pipeline_parallel = True
+    #: A stage hands the next one the residual stream only (the norms sandwich the blocks).
+    num_intermediate_tensors = 1
     supports_block_quantized_weights = False
 
     def __init__(
@@ -168,14 +184,17 @@ class GemmaForCausalLM(LlamaForCausalLM):
         attn_backend_cls: type[AttentionBackend],
         block_size: int,
         tp_group: TensorParallelGroup = SINGLE_RANK,
+        pp_group: PipelineParallelGroup = SINGLE_STAGE,
     ) -> None:
         nn.Module.__init__(self)
         _check_supported(hf_config)
         self.check_tensor_parallel_size(hf_config, tp_group.world_size)
         self.config = hf_config
         self.tp_group = tp_group
-        self.pp_group = SINGLE_STAGE
-        self.num_layers: int = hf_config.num_hidden_layers
+        self.pp_group = pp_group
+        start, end = pp_group.layer_range(hf_config.num_hidden_layers)
+        #: Layers this pipeline stage runs (and KV caches it holds).
+        self.num_layers: int = end - start
         self.head_dim = head_dim_of(hf_config)
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", True))
         self.attention: AttentionBackend = attn_backend_cls(
@@ -187,13 +206,14 @@ class GemmaForCausalLM(LlamaForCausalLM):
         )
         self.rotary_emb = RotaryEmbedding.from_config(hf_config, self.head_dim)
         self.local_rotary_emb = self._local_rotary(hf_config)
-        self.model = GemmaModel(hf_config, self._layers(hf_config))
-        self.lm_head = VocabParallelLMHead(
-            hf_config.vocab_size,
-            hf_config.hidden_size,
-            has_weight=not self.tie_word_embeddings,
-            tp_group=tp_group,
-        )
+        self.model = GemmaModel(hf_config, self._layers(hf_config, range(start, end)), pp_group)
+        if pp_group.is_last:
+            self.lm_head = VocabParallelLMHead(
+                hf_config.vocab_size,
+                hf_config.hidden_size,
+                has_weight=not self.tie_word_embeddings,
+                tp_group=tp_group,
+            )
         self.final_logit_soft_cap: float | None = (
             getattr(hf_config, "final_logit_softcapping", None) or None
         )
@@ -206,11 +226,15 @@ class GemmaForCausalLM(LlamaForCausalLM):
             return self.rotary_emb
         return RotaryEmbedding.from_config(config, self.head_dim, "sliding_attention")
 
-    def _layers(self, config: Any) -> list[GemmaDecoderLayer]:
+    def _layers(self, config: Any, held: range) -> list[nn.Module]:
+        """Every layer index's module: a decoder layer for those this stage holds."""
         qk_norm = getattr(config, "model_type", "") != "gemma2"
         cap = getattr(config, "attn_logit_softcapping", None) or None
-        layers = []
-        for window in layer_sliding_windows(config):
+        layers: list[nn.Module] = []
+        for index, window in enumerate(layer_sliding_windows(config)):
+            if index not in held:
+                layers.append(PipelineMissingLayer())
+                continue
             local = window is not None
             rotary = self.local_rotary_emb if local else self.rotary_emb
             self_attn = GemmaAttention(config, self.attention, rotary, qk_norm, self.tp_group)
@@ -225,19 +249,28 @@ class GemmaForCausalLM(LlamaForCausalLM):
         positions: torch.Tensor,
         kv_caches: list[torch.Tensor],
         attn_metadata: AttentionMetadata,
-    ) -> torch.Tensor:
-        """``input_ids``/``positions`` ``[T]`` -> final-normed hidden states ``[T, hidden]``."""
+        intermediate_tensors: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor | list[torch.Tensor]:
+        """``input_ids``/``positions`` ``[T]`` -> final-normed hidden states ``[T, hidden]``
+        (a pipeline stage after the first starts from ``intermediate_tensors``, one before
+        the last returns them)."""
         if len(kv_caches) != self.num_layers:
             raise ValueError(f"expected {self.num_layers} KV caches, got {len(kv_caches)}")
-        hidden = self.model.embed_tokens(input_ids)
-        hidden = hidden * torch.tensor(self.config.hidden_size**0.5, dtype=hidden.dtype)
+        if intermediate_tensors is None:
+            hidden = self.model.embed_tokens(input_ids)
+            hidden = hidden * torch.tensor(self.config.hidden_size**0.5, dtype=hidden.dtype)
+        else:
+            (hidden,) = intermediate_tensors
         global_rotation = StepRotation(self.rotary_emb, positions, hidden.dtype)
         local_rotation = global_rotation
         if self.local_rotary_emb is not self.rotary_emb:
             local_rotation = StepRotation(self.local_rotary_emb, positions, hidden.dtype)
-        for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
+        layers = [self.model.layers[index] for index in self.model.layer_indices]
+        for layer, kv_cache in zip(layers, kv_caches, strict=True):
             rotation = local_rotation if layer.local else global_rotation
             hidden = layer(rotation, hidden, kv_cache, attn_metadata)
+        if not self.pp_group.is_last:
+            return [hidden]
         return self.model.norm(hidden)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
