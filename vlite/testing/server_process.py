@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 #: How long a server gets to load a tiny model and start.
@@ -40,6 +41,16 @@ def pid_is_alive(pid: int) -> bool:
     except (FileNotFoundError, IndexError):
         return False
     return state != "Z"
+
+
+def wait_until_gone(pids: list[int], timeout_s: float = 30.0) -> list[int]:
+    """The pids still running after ``timeout_s`` (polling: they need not be our children)."""
+    deadline = time.monotonic() + timeout_s
+    alive = list(pids)
+    while alive and time.monotonic() < deadline:
+        alive = [pid for pid in alive if pid_is_alive(pid)]
+        time.sleep(0.05)
+    return alive
 
 
 class ServerProcess:

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
@@ -24,6 +23,7 @@ from vlite.plugins.executors.multiproc import MultiprocExecutor
 from vlite.plugins.executors.worker_pool import WorkerProcessError, threads_per_worker
 from vlite.testing.conformance.executor import child_pids
 from vlite.testing.engine_runs import cached_tiny_model, call_with_timeout
+from vlite.testing.server_process import wait_until_gone
 
 HANG_TIMEOUT_S = 120.0
 
@@ -36,24 +36,6 @@ def registry() -> PluginRegistry:
 @pytest.fixture(scope="module")
 def model() -> str:
     return str(cached_tiny_model("LlamaForCausalLM"))  # 4 heads, 2 KV heads
-
-
-def wait_until_gone(pids: list[int], timeout_s: float = 30.0) -> list[int]:
-    """The pids still running after ``timeout_s`` (polling: they are not our children)."""
-    deadline = time.monotonic() + timeout_s
-    alive = list(pids)
-    while alive and time.monotonic() < deadline:
-        alive = [pid for pid in alive if _is_running(pid)]
-        time.sleep(0.05)
-    return alive
-
-
-def _is_running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 # ---- errors before any process starts --------------------------------------------------------

@@ -13,7 +13,6 @@ import json
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from types import ModuleType
 
@@ -28,6 +27,7 @@ from vlite.plugins.executors.ray.layout import rank_roles
 from vlite.plugins.executors.ray.placement import parse_bundle_resources
 from vlite.plugins.executors.ray.session import RayNotInstalledError
 from vlite.testing.engine_runs import cached_tiny_model, call_with_timeout
+from vlite.testing.server_process import wait_until_gone
 from vlite.testing.tiny_models import make_tiny_model
 
 HANG_TIMEOUT_S = 120.0
@@ -225,24 +225,6 @@ def test_an_interpreter_exit_without_shutdown_leaves_no_process(model, tmp_path)
     pids = json.loads(completed.stdout.strip().splitlines()[-1])
     assert len(pids["actors"]) == 1 and pids["ray"]
     assert wait_until_gone(pids["actors"] + pids["ray"]) == []
-
-
-def wait_until_gone(pids: list[int], timeout_s: float = 30.0) -> list[int]:
-    """The pids still running after ``timeout_s`` (polling: they are not our children)."""
-    deadline = time.monotonic() + timeout_s
-    alive = list(pids)
-    while alive and time.monotonic() < deadline:
-        alive = [pid for pid in alive if _is_running(pid)]
-        time.sleep(0.05)
-    return alive
-
-
-def _is_running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 # ---- in a shared local Ray instance ----------------------------------------------------------
