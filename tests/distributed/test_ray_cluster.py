@@ -4,11 +4,13 @@ Each node holds one ``vlite_slot`` resource and every rank's bundle asks for one
 tensor-parallel ranks land on different nodes and meet over TCP. Checked: transformers'
 greedy tokens across the nodes; a rank's actor killed, and the worker node lost, each become
 an error naming the rank and its node within 2 s; nothing is left in the cluster after
-shutdown, and the cluster itself shuts down.
+shutdown, and the cluster itself shuts down. The same for two data-parallel engine cores as
+Ray actors, one on each node.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import os
@@ -20,6 +22,9 @@ from types import ModuleType
 import pytest
 
 from vlite import LLM, SamplingParams
+from vlite.core.config import VliteConfig
+from vlite.engine.async_llm import AsyncLLM
+from vlite.engine.exceptions import EngineDeadError
 from vlite.plugins.executors.ray.failures import RayWorkerError
 from vlite.testing.engine_runs import call_with_timeout
 from vlite.testing.tiny_models import make_tiny_model
@@ -203,4 +208,89 @@ def test_losing_the_worker_node_is_an_error_naming_the_rank_and_the_node(cluster
         shut_down(llm)
         cluster.add_node(**NODE_ARGS)  # the cluster as the other tests expect it
         cluster.wait_for_nodes()
+    nothing_left_in_the_cluster()
+
+
+# ---- data-parallel engine cores as Ray actors ------------------------------------------------
+
+
+def start_ray_cores(folder: Path) -> AsyncLLM:
+    """Two engine cores, one per node (each core's bundle takes its node's ``vlite_slot``)."""
+    config = VliteConfig(model=str(folder), cpu_threads=1, num_kv_blocks=10)
+    return call_with_timeout(
+        lambda: AsyncLLM(
+            config,
+            data_parallel_size=2,
+            data_parallel_backend="ray",
+            data_parallel_resources=("vlite_slot=1",),
+        ),
+        HANG_TIMEOUT_S,
+        "starting two engine cores as Ray actors",
+    )
+
+
+async def greedy_tokens(engine: AsyncLLM, prompt: list[int], max_tokens: int) -> list[int]:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    final = None
+    async for output in engine.generate({"prompt_token_ids": prompt}, params):
+        final = output
+    return final.outputs[0].token_ids
+
+
+def test_data_parallel_cores_on_two_nodes_give_transformers_tokens(cluster, oracle_case):
+    folder, prompts, expected = oracle_case
+    engine = start_ray_cores(folder)
+    try:
+        nodes = [info.node for info in engine.engine_infos]
+        assert {node.split("node id ")[1] for node in nodes} == {
+            node.node_id for node in cluster.list_all_nodes()
+        }, nodes
+
+        async def all_prompts():
+            before = await engine.get_engine_stats()
+            tokens = await asyncio.gather(
+                *(greedy_tokens(engine, prompt, len(expected[0])) for prompt in prompts)
+            )
+            return before, tokens, await engine.get_engine_stats()
+
+        before, tokens, after = asyncio.run(asyncio.wait_for(all_prompts(), HANG_TIMEOUT_S))
+        assert tokens == expected
+        admitted = [b.totals.num_new_prompt_tokens - a.totals.num_new_prompt_tokens
+                    for a, b in zip(before, after)]  # fmt: skip
+        assert all(count > 0 for count in admitted), admitted  # both cores served
+    finally:
+        call_with_timeout(engine.shutdown, HANG_TIMEOUT_S, "shutdown")
+    assert [core.exitcode for core in engine.engine_core.processes] == [0, 0]
+    nothing_left_in_the_cluster()
+
+
+def test_a_killed_core_actor_makes_the_engine_dead_naming_the_core_and_node(cluster, oracle_case):
+    folder, prompts, _ = oracle_case
+    engine = start_ray_cores(folder)
+    try:
+        victim = engine.engine_core.processes[1]
+        node = engine.engine_infos[1].node
+
+        async def kill_while_generating() -> float:
+            params = SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True)
+            stream = engine.generate({"prompt_token_ids": prompts[0]}, params)
+            await anext(stream)
+            ray.kill(victim.actor)
+            killed_at = time.monotonic()
+            while engine.engine_core.dead_error is None:
+                await asyncio.sleep(0.01)
+            seconds = time.monotonic() - killed_at
+            with pytest.raises(EngineDeadError):
+                async for _ in stream:
+                    pass
+            return seconds
+
+        seconds = asyncio.run(asyncio.wait_for(kill_while_generating(), HANG_TIMEOUT_S))
+        message = str(engine.engine_core.dead_error)
+        print(f"\nkilled engine core 1's actor: noticed after {seconds:.3f} s")
+        assert message.startswith("engine core 1 of 2 (Ray actor "), message
+        assert f"on node {node}" in message and "died" in message, message
+        assert seconds < DETECTION_BOUND_S
+    finally:
+        call_with_timeout(engine.shutdown, HANG_TIMEOUT_S, "shutdown")
     nothing_left_in_the_cluster()

@@ -59,9 +59,14 @@ class AsyncLLM:
             while its process lives).
         data_parallel_size: how many engine-core processes (each a whole engine with its
             own executor) share the requests; 1 (the default) talks to one core directly.
+        data_parallel_backend: where those cores run: ``"mp"`` (local processes, each
+            with its own GPUs on CUDA) or ``"ray"`` (Ray actors over the cluster's nodes).
+        data_parallel_resources: with ``"ray"``, ``NAME=AMOUNT`` custom Ray resources each
+            core's actor reserves (e.g. one per node, to put one core on each).
 
     Raises:
-        ValueError: ``data_parallel_size`` is less than 1.
+        ValueError: ``data_parallel_size`` is less than 1, or a data-parallel setting the
+            machine or cluster cannot take (see :class:`DataParallelClient`).
 
     Example::
 
@@ -78,6 +83,8 @@ class AsyncLLM:
         engine_core_factory: EngineCoreFactory | None = None,
         startup_timeout_s: float | None = None,
         data_parallel_size: int = 1,
+        data_parallel_backend: str = "mp",
+        data_parallel_resources: tuple[str, ...] = (),
     ) -> None:
         if data_parallel_size < 1:
             raise ValueError(
@@ -95,7 +102,13 @@ class AsyncLLM:
         self.engine_core: AsyncMPClient | DataParallelClient = (
             AsyncMPClient(config, engine_core_factory)
             if data_parallel_size == 1
-            else DataParallelClient(config, data_parallel_size, engine_core_factory)
+            else DataParallelClient(
+                config,
+                data_parallel_size,
+                engine_core_factory,
+                backend=data_parallel_backend,
+                resources=data_parallel_resources,
+            )
         )
         try:
             model_spec = ModelSpec.from_config(config)

@@ -25,6 +25,7 @@ import tempfile
 import weakref
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import zmq
 import zmq.asyncio
@@ -55,16 +56,53 @@ from vlite.engine.exceptions import EngineDeadError, EngineStartupError
 SHUTDOWN_GRACE_S = 5.0
 
 
+class CoreHandle(Protocol):
+    """Where an engine core runs, as :class:`AsyncMPClient` sees it: a local process
+    (:class:`CoreProcess`) or a Ray actor (:class:`~vlite.engine.ray_core.RayCore`)."""
+
+    #: The front end binds its output socket here; the core connects to it.
+    output_address: str
+
+    @property
+    def input_address(self) -> str:
+        """The core's input socket (known once it is ready)."""
+
+    @property
+    def sentinel(self) -> int:
+        """A file descriptor that becomes readable when the core is gone."""
+
+    @property
+    def description(self) -> str:
+        """Names it in errors: ``pid 123``, ``Ray actor 4f.. on node 10.0.0.2``."""
+
+    @property
+    def is_alive(self) -> bool: ...
+
+    @property
+    def exitcode(self) -> int | None: ...
+
+    def wait_until_ready(self, timeout_s: float | None = None) -> EngineCoreInfo: ...
+
+    def join(self, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) for the core that is gone to be collected."""
+
+    def stop(self, asked_to_stop: bool = False) -> None: ...
+
+
 class CoreProcess:
     """The engine-core child process: spawned, waited on until ready, stopped.
 
     Args:
         config: the engine configuration (sent to the child as plain fields).
         engine_core_factory: builds the core in the child (default: ``EngineCore``).
+        visible_devices: the child's ``CUDA_VISIBLE_DEVICES`` (``None``: inherited).
     """
 
     def __init__(
-        self, config: VliteConfig, engine_core_factory: EngineCoreFactory | None = None
+        self,
+        config: VliteConfig,
+        engine_core_factory: EngineCoreFactory | None = None,
+        visible_devices: str | None = None,
     ) -> None:
         self.ipc_dir = Path(tempfile.mkdtemp(prefix=IPC_DIR_PREFIX))
         self.input_address = f"ipc://{self.ipc_dir / 'input.sock'}"
@@ -81,6 +119,7 @@ class CoreProcess:
                 self.output_address,
                 handshake_writer,
                 engine_core_factory,
+                visible_devices,
             ),
             name="VliteEngineCore",
         )
@@ -95,6 +134,13 @@ class CoreProcess:
     def sentinel(self) -> int:
         """A file descriptor that becomes readable when the process exits."""
         return self.process.sentinel
+
+    @property
+    def description(self) -> str:
+        return f"pid {self.process.pid}"
+
+    def join(self, timeout_s: float) -> None:
+        self.process.join(timeout_s)
 
     def wait_until_ready(self, timeout_s: float | None = None) -> EngineCoreInfo:
         """Block until the child reports ready; raise :class:`EngineStartupError` if it
@@ -162,6 +208,8 @@ class AsyncMPClient:
         engine_core_factory: builds the core in the child (default: ``EngineCore``).
         on_stats: called with each statistics answer (``None`` for one that failed) the
             moment it arrives, in order with the outputs (a data-parallel router uses it).
+        start_core: starts the core (default: a local :class:`CoreProcess`); a
+            data-parallel client passes one that gives the core its GPUs or its Ray node.
     """
 
     def __init__(
@@ -170,6 +218,7 @@ class AsyncMPClient:
         engine_core_factory: EngineCoreFactory | None = None,
         *,
         on_stats: Callable[[EngineCoreStats | None], None] | None = None,
+        start_core: Callable[[], CoreHandle] | None = None,
     ) -> None:
         self._dead_error: EngineDeadError | None = None
         self._is_shut_down = False
@@ -178,12 +227,13 @@ class AsyncMPClient:
         self._call_ids = itertools.count()
         self._utility_calls: dict[int, asyncio.Future] = {}
         self._poller: zmq.asyncio.Poller | None = None
-        self.process = CoreProcess(config, engine_core_factory)
+        self.process: CoreHandle = (
+            start_core() if start_core is not None else CoreProcess(config, engine_core_factory)
+        )
         self._context = zmq.Context()
         self._async_context = zmq.asyncio.Context()
         self._input_socket = self._context.socket(zmq.PUSH)
         self._input_socket.setsockopt(zmq.SNDHWM, 0)
-        self._input_socket.connect(self.process.input_address)
         self._output_socket = self._async_context.socket(zmq.PULL)
         self._output_socket.setsockopt(zmq.RCVHWM, 0)
         self._output_socket.bind(self.process.output_address)
@@ -194,10 +244,14 @@ class AsyncMPClient:
         :class:`EngineStartupError`. ``timeout_s=None`` waits as long as the process lives."""
         if self._info is None:
             try:
-                self._info = self.process.wait_until_ready(timeout_s)
+                info = self.process.wait_until_ready(timeout_s)
             except BaseException:
                 self.shutdown()
                 raise
+            # Connected once the core has bound it (a Ray core picks its port then); the
+            # connecting PUSH queues what is sent before the connection completes.
+            self._input_socket.connect(info.input_address)
+            self._info = info
         return self._info
 
     @property
@@ -265,6 +319,8 @@ class AsyncMPClient:
             raise self._dead_error
         if self._is_shut_down:
             raise EngineDeadError("the engine has been shut down")
+        if self._info is None:
+            raise RuntimeError("the engine core is not ready yet: call wait_until_ready()")
         self._input_socket.send(encoder.encode(message), flags=zmq.NOBLOCK)
 
     # ---- core -> front end ---------------------------------------------------------
@@ -296,7 +352,7 @@ class AsyncMPClient:
         events = dict(await self._poller.poll())
         if self._output_socket in events:
             return await self._output_socket.recv()
-        self.process.process.join(SHUTDOWN_GRACE_S)  # it has exited: collect its exit code
+        self.process.join(SHUTDOWN_GRACE_S)  # it has exited: collect its exit code
         raise self._mark_dead(f"it exited with code {self.process.exitcode}")
 
     def _resolve_utility_call(self, result: UtilityResult) -> None:

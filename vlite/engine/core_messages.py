@@ -58,6 +58,12 @@ class EngineCoreInfo(msgspec.Struct, array_like=True):
     pid: int
     #: :meth:`QuantizationPlan.describe` of the weights the core runs with.
     quantization: str = ""
+    #: The address the core's input socket is bound to (the front end connects to it).
+    input_address: str = ""
+    #: Where the core runs: ``"local"``, or a Ray actor's node address.
+    node: str = "local"
+    #: ``CUDA_VISIBLE_DEVICES`` as the core saw it (``None``: not set).
+    visible_devices: str | None = None
 
 
 class EngineCoreStats(msgspec.Struct, array_like=True):

@@ -20,6 +20,9 @@ AsyncLLM uses an AsyncMPClient directly and none of this runs.
   question per core at a time; an idle server asks nothing).
 - The request -> core map lives here: aborts and stop-string finishes go to the core that
   holds the request; an entry is forgotten when the request finishes, fails or is ended.
+- Where the cores run (``backend``): ``"mp"``, local processes, each given its own GPUs on
+  CUDA (:mod:`vlite.engine.core_devices`); ``"ray"``, Ray actors placed over the cluster's
+  nodes, each holding its own GPUs or threads (:mod:`vlite.engine.ray_cores`).
 - Death: the first core to die (its process exits, or it reports a fatal error) makes the
   whole client dead, with an :class:`EngineDeadError` naming that core; the requests still
   running on the other cores are aborted there (their blocks freed), and every request in
@@ -33,21 +36,25 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from vlite.core.config import VliteConfig
 from vlite.core.request import EngineCoreRequest, RequestStatus
-from vlite.engine.core_client import AsyncMPClient, CoreProcess
+from vlite.engine.core_client import AsyncMPClient, CoreHandle, CoreProcess
+from vlite.engine.core_devices import split_devices, visible_device_ids
 from vlite.engine.core_messages import EngineCoreInfo, EngineCoreStats, RequestErrors, StepOutputs
 from vlite.engine.core_router import LeastLoadedRouter
-from vlite.engine.engine_core_proc import EngineCoreFactory
+from vlite.engine.engine_core_proc import VISIBLE_DEVICES_VARIABLE, EngineCoreFactory
 from vlite.engine.exceptions import EngineDeadError, EngineStartupError
 
 logger = logging.getLogger(__name__)
 
 #: Seconds a core's load report may age before a new request asks it for a fresh one.
 LOAD_REPORT_MAX_AGE_S = 0.05
+#: Where data-parallel engine cores run: local processes, or Ray actors.
+DATA_PARALLEL_BACKENDS = ("mp", "ray")
 
 
 class DataParallelClient:
@@ -60,9 +67,12 @@ class DataParallelClient:
         config: the engine configuration, the same for every core.
         num_cores: how many engine cores (at least 1).
         engine_core_factory: builds each core in its child (default: ``EngineCore``).
+        backend: ``"mp"`` (local processes) or ``"ray"`` (Ray actors on the cluster).
+        resources: with ``"ray"``, ``NAME=AMOUNT`` custom resources each core's bundle adds.
 
     Raises:
-        ValueError: ``num_cores`` is less than 1.
+        ValueError: ``num_cores`` is less than 1, an unknown ``backend``, too few GPUs for
+            one set per core, or a malformed ``resources`` entry.
     """
 
     def __init__(
@@ -70,9 +80,17 @@ class DataParallelClient:
         config: VliteConfig,
         num_cores: int,
         engine_core_factory: EngineCoreFactory | None = None,
+        *,
+        backend: str = "mp",
+        resources: tuple[str, ...] = (),
     ) -> None:
         if num_cores < 1:
             raise ValueError(f"data_parallel_size must be at least 1, got {num_cores}")
+        if backend not in DATA_PARALLEL_BACKENDS:
+            raise ValueError(
+                f"data_parallel_backend {backend!r} is not one of {list(DATA_PARALLEL_BACKENDS)}"
+            )
+        self.ray_placement = None
         self.router = LeastLoadedRouter(num_cores)
         self.clients: list[AsyncMPClient] = []
         #: Which core holds each request in flight (by core request id).
@@ -83,12 +101,39 @@ class DataParallelClient:
         self._is_shut_down = False
         self._last_question_at = [float("-inf")] * num_cores
         try:
-            for index in range(num_cores):
+            starters = self._core_starters(
+                config, num_cores, engine_core_factory, backend, resources
+            )
+            for index, start_core in enumerate(starters):
                 on_stats = functools.partial(self._take_load_report, index)
-                self.clients.append(AsyncMPClient(config, engine_core_factory, on_stats=on_stats))
+                self.clients.append(AsyncMPClient(config, on_stats=on_stats, start_core=start_core))
         except BaseException:
             self.shutdown()
             raise
+
+    def _core_starters(
+        self,
+        config: VliteConfig,
+        num_cores: int,
+        factory: EngineCoreFactory | None,
+        backend: str,
+        resources: tuple[str, ...],
+    ) -> list[Callable[[], CoreHandle]]:
+        """How to start each core: in a local process (with its own GPUs on CUDA) or in a
+        Ray actor in its bundle of the cores' placement group."""
+        if backend == "ray":
+            from vlite.engine.ray_cores import RayCore, RayCorePlacement
+
+            self.ray_placement = placement = RayCorePlacement(config, num_cores, resources)
+            return [
+                functools.partial(RayCore, config, factory, placement.actor_options(core))
+                for core in range(num_cores)
+            ]
+        devices = _devices_per_core(config, num_cores)
+        return [
+            functools.partial(CoreProcess, config, factory, devices[core])
+            for core in range(num_cores)
+        ]
 
     def wait_until_ready(self, timeout_s: float | None = None) -> EngineCoreInfo:
         """Block until every core is ready (``timeout_s`` bounds the whole wait); on a
@@ -278,8 +323,8 @@ class DataParallelClient:
         wake :meth:`get_output` with the error (after what is already queued)."""
         if self._dead_error is not None or self._is_shut_down:
             return
-        pid = self.clients[core].process.process.pid
-        self._dead_error = EngineDeadError(f"{self._name(core)} (pid {pid}): {reason}")
+        where = self.clients[core].process.description
+        self._dead_error = EngineDeadError(f"{self._name(core)} ({where}): {reason}")
         logger.error("%s", self._dead_error)
         self.abort_requests(list(self.core_of))
         self._outputs.put_nowait(self._dead_error)
@@ -297,6 +342,8 @@ class DataParallelClient:
             client.ask_to_stop()
         for client in self.clients:
             client.shutdown()
+        if self.ray_placement is not None:
+            self.ray_placement.release()
 
     def _stop_readers(self) -> None:
         tasks = [task for task in self._readers if not task.done()]
@@ -306,6 +353,20 @@ class DataParallelClient:
             loop = tasks[0].get_loop()
             if not loop.is_running() and not loop.is_closed():  # called from outside the loop
                 loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+
+
+def _devices_per_core(config: VliteConfig, num_cores: int) -> list[str | None]:
+    """Each local core's ``CUDA_VISIBLE_DEVICES`` on CUDA (its ranks' GPUs, none shared);
+    ``None`` (inherit) on CPU, or when the ``ray`` executor places the ranks."""
+    if config.torch_device.type != "cuda" or config.executor == "ray":
+        return [None] * num_cores
+    import torch
+
+    ranks = config.tensor_parallel_size * config.pipeline_parallel_size
+    visible = visible_device_ids(
+        os.environ.get(VISIBLE_DEVICES_VARIABLE), torch.cuda.device_count()
+    )
+    return list(split_devices(num_cores, ranks, visible))
 
 
 def _ignore_result(future: asyncio.Future) -> None:

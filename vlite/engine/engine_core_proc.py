@@ -55,6 +55,8 @@ from vlite.models.spec import ModelSpec
 
 #: The name prefix of the temporary directory holding a front end's IPC sockets.
 IPC_DIR_PREFIX = "vlite-ipc-"
+#: The environment variable that gives a process its GPUs.
+VISIBLE_DEVICES_VARIABLE = "CUDA_VISIBLE_DEVICES"
 logger = logging.getLogger(__name__)
 
 #: Builds the EngineCore in the child from the config and the resolved model; must be
@@ -77,12 +79,21 @@ class EngineCoreProc:
 
     Args:
         engine_core: the core to drive (built in this process).
-        input_address: ZMQ address this process binds to receive :data:`CoreInput`.
+        input_address: ZMQ address this process binds to receive :data:`CoreInput`
+            (``tcp://HOST:*`` binds a free port; :attr:`input_address` then names it).
         output_address: ZMQ address of the front end's output socket (connected to).
+        node: where this process runs, as :class:`EngineCoreInfo` reports it.
     """
 
-    def __init__(self, engine_core: EngineCore, input_address: str, output_address: str) -> None:
+    def __init__(
+        self,
+        engine_core: EngineCore,
+        input_address: str,
+        output_address: str,
+        node: str = "local",
+    ) -> None:
         self.engine_core = engine_core
+        self.node = node
         self.input_queue: queue.Queue[CoreInput | _Stop] = queue.Queue()
         self.output_queue: queue.Queue[CoreOutput | None] = queue.Queue()
         self.num_failed_steps = 0
@@ -97,6 +108,7 @@ class EngineCoreProc:
         self._context = zmq.Context()
         input_socket = self._context.socket(zmq.PULL)
         input_socket.bind(input_address)
+        self.input_address = input_socket.getsockopt_string(zmq.LAST_ENDPOINT)
         output_socket = self._context.socket(zmq.PUSH)
         output_socket.setsockopt(zmq.SNDHWM, 0)  # never drop or block: queue instead
         output_socket.connect(output_address)
@@ -112,6 +124,9 @@ class EngineCoreProc:
             max_model_len=core.scheduler.limits.max_model_len,
             pid=os.getpid(),
             quantization=core.quantization.describe(core.config.torch_dtype),
+            input_address=self.input_address,
+            node=self.node,
+            visible_devices=os.environ.get(VISIBLE_DEVICES_VARIABLE),
         )
 
     def watch_parent(self) -> None:
@@ -245,32 +260,51 @@ def _start_thread(name: str, target: Callable[..., None], *args: Any) -> threadi
     return thread
 
 
+def start_engine_core_proc(
+    config_fields: dict[str, Any],
+    input_address: str,
+    output_address: str,
+    engine_core_factory: EngineCoreFactory | None = None,
+    node: str = "local",
+) -> EngineCoreProc | StartupFailed:
+    """Build the core and its :class:`EngineCoreProc`, or say why that failed (anything
+    started on the way, such as executor workers, is stopped again)."""
+    engine_core = None
+    try:
+        config = VliteConfig(**config_fields)
+        engine_core = (engine_core_factory or EngineCore)(config, ModelSpec.from_config(config))
+        return EngineCoreProc(engine_core, input_address, output_address, node)
+    except BaseException as exc:
+        if not isinstance(exc, (ValueError, FileNotFoundError)):  # else: a user error,
+            logger.exception("engine core failed to start")  # which the front end reports
+        if engine_core is not None:
+            engine_core.shutdown()
+        return StartupFailed(f"{type(exc).__name__}: {exc}")
+
+
 def run_engine_core(
     config_fields: dict[str, Any],
     input_address: str,
     output_address: str,
     handshake: multiprocessing.connection.Connection,
     engine_core_factory: EngineCoreFactory | None = None,
+    visible_devices: str | None = None,
 ) -> None:
     """The engine-core process's target: build the core, report ready, run the loop.
 
     The handshake connection gets exactly one message: :class:`Ready` with the core's
-    :class:`EngineCoreInfo`, or :class:`StartupFailed` with the error.
+    :class:`EngineCoreInfo`, or :class:`StartupFailed` with the error. ``visible_devices``
+    (data parallelism on GPUs) becomes this process's ``CUDA_VISIBLE_DEVICES`` before
+    anything touches CUDA, so each core and its workers use their own GPUs.
     """
     # Ctrl-C reaches the whole process group; the front end decides when the core stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_on_signal)
-    engine_core = None
-    try:
-        config = VliteConfig(**config_fields)
-        engine_core = (engine_core_factory or EngineCore)(config, ModelSpec.from_config(config))
-        proc = EngineCoreProc(engine_core, input_address, output_address)
-    except BaseException as exc:
-        if not isinstance(exc, (ValueError, FileNotFoundError)):  # else: a user error,
-            logger.exception("engine core failed to start")  # which the front end reports
-        if engine_core is not None:
-            engine_core.shutdown()  # e.g. stop executor workers it already started
-        handshake.send_bytes(encoder.encode(StartupFailed(f"{type(exc).__name__}: {exc}")))
+    if visible_devices is not None:
+        os.environ[VISIBLE_DEVICES_VARIABLE] = visible_devices
+    proc = start_engine_core_proc(config_fields, input_address, output_address, engine_core_factory)
+    if isinstance(proc, StartupFailed):
+        handshake.send_bytes(encoder.encode(proc))
         handshake.close()
         sys.stderr.flush()
         os._exit(1)  # skip interpreter teardown: nothing is left to clean up

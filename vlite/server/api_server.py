@@ -237,8 +237,12 @@ class ApiServer:
 
     async def serve(self) -> None:
         self.loop = asyncio.get_running_loop()
+        settings = self.settings
         self.engine = AsyncLLM.from_config(
-            self.config, data_parallel_size=self.settings.data_parallel_size
+            self.config,
+            data_parallel_size=settings.data_parallel_size,
+            data_parallel_backend=settings.data_parallel_backend,
+            data_parallel_resources=settings.data_parallel_resources,
         )
         watcher = None
         try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from vlite.core.config import ENV_PREFIX
@@ -61,7 +61,19 @@ class ServerSettings(BaseSettings):
         ge=1,
         description="Engine-core processes behind this server (data parallelism), each a "
         "whole engine on the same model with its own workers (--tp); each new request goes "
-        "to the least-loaded one. Unless --cpu-threads is set, they share the cores.",
+        "to the least-loaded one. Unless --cpu-threads is set, they share the cores; on "
+        "GPUs each core gets its own (tp x pp each).",
+    )
+    data_parallel_backend: Literal["mp", "ray"] = Field(
+        "mp",
+        description="Where the engine cores run: 'mp', local processes; 'ray', Ray actors "
+        "spread over the cluster's nodes (connects to --ray-address; needs vlite[ray]).",
+    )
+    data_parallel_resources: Annotated[tuple[str, ...], NoDecode] = Field(
+        (),
+        description="With --data-parallel-backend ray: a custom Ray resource NAME=AMOUNT "
+        "each core's actor reserves besides its threads or GPUs (repeatable; "
+        "VLITE_DATA_PARALLEL_RESOURCES takes a comma-separated list).",
     )
     shutdown_timeout_s: float = Field(
         30.0,
@@ -70,9 +82,9 @@ class ServerSettings(BaseSettings):
         "streams are ended with an error event.",
     )
 
-    @field_validator("api_key", mode="before")
+    @field_validator("api_key", "data_parallel_resources", mode="before")
     @classmethod
-    def _split_keys(cls, value: object) -> object:
+    def _split_lists(cls, value: object) -> object:
         if isinstance(value, str):
             return tuple(key.strip() for key in value.split(",") if key.strip())
         return value
@@ -83,3 +95,13 @@ class ServerSettings(BaseSettings):
         if any(not key.strip() for key in value):
             raise ValueError("an API key must not be empty")
         return value
+
+    @model_validator(mode="after")
+    def _resources_need_ray(self) -> ServerSettings:
+        if self.data_parallel_resources and self.data_parallel_backend != "ray":
+            raise ValueError(
+                f"data_parallel_resources {list(self.data_parallel_resources)} are Ray "
+                "resources: they need data_parallel_backend 'ray' (it is "
+                f"{self.data_parallel_backend!r})"
+            )
+        return self
