@@ -86,7 +86,7 @@ def test_a_plugin_requiring_another_api_version_fails_engine_construction(
     message = str(info.value)
     assert f"plugin {module!r} from package future-plugin 9.0" in message
     assert f"requires vlite plugin API {requirement!r}" in message
-    assert f"plugin API versions 1, 2 (newest {vlite.PLUGIN_API_VERSION})" in message
+    assert f"plugin API versions 1, 2, 3 (newest {vlite.PLUGIN_API_VERSION})" in message
 
 
 def test_an_unparsable_api_requirement_is_an_error(install_plugin, tiny_model):

@@ -81,6 +81,11 @@ class VliteConfig(BaseSettings):
         "auto", description="Attention backend plugin name ('auto': the best for the device)."
     )
     sampler: str = Field("default", description="Sampler plugin name.")
+    structured_outputs_backend: str = Field(
+        "xgrammar",
+        description="Structured-output backend plugin name (JSON schema, regex, choice, "
+        "grammar); a request may name another in structured_outputs.backend.",
+    )
     executor: str = Field("uniproc", description="Executor plugin name.")
     tensor_parallel_size: int = Field(
         1, ge=1, description="Tensor-parallel workers (with executor 'multiproc' or 'ray')."

@@ -18,6 +18,10 @@ from vlite.core.request import EngineCoreRequest, Request, RequestStatus
 from vlite.core.sampler import unsupported_sampling_options
 from vlite.core.scheduler import Scheduler, SchedulerLimits, build_scheduler, resolve_limits
 from vlite.core.stats import BatchEntry, StepObserver, StepRecord, StepStats, StepTotals
+from vlite.core.structured_output_manager import StructuredOutputManager
+
+#: How long a step with nothing to run but requests whose grammar compiles waits for one.
+GRAMMAR_WAIT_S = 0.01
 
 
 def _check_prefix_caching(
@@ -218,6 +222,21 @@ class EngineCore:
         self.max_batches_in_flight = batch_queue_depth(config, self.executor)
         self.scheduler.max_batches_in_flight = self.max_batches_in_flight
         self._batch_queue: deque[_BatchInFlight] = deque()
+        self.structured_outputs = self._build_structured_outputs(config, model_spec)
+        self.scheduler.structured_outputs = self.structured_outputs
+
+    def _build_structured_outputs(
+        self, config: VliteConfig, model_spec: ModelDescription
+    ) -> StructuredOutputManager:
+        kind = "structured_output_backend"
+        self.registry.get(kind, config.structured_outputs_backend)  # a known name
+        backends = {name: self.registry.get(kind, name) for name in self.registry.names(kind)}
+        return StructuredOutputManager(
+            backends,
+            config.structured_outputs_backend,
+            model_spec.load_tokenizer,
+            model_spec.vocab_size,
+        )
 
     # ---- requests ------------------------------------------------------------------
 
@@ -227,6 +246,9 @@ class EngineCore:
         not support."""
         self._check_fits(core_request)
         self._check_sampling(core_request)
+        structured = core_request.sampling_params.structured_outputs
+        if structured is not None:
+            self.structured_outputs.check(core_request.request_id, structured)
         if core_request.request_id in self.scheduler.requests:
             raise InvalidRequestError(f"request_id {core_request.request_id!r} is already in use")
         self.scheduler.add_request(Request(core_request))
@@ -281,7 +303,13 @@ class EngineCore:
         self.scheduler.finish_requests(request_ids, status)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests() or bool(self._batch_queue)
+        """Whether a step has work: requests, batches in flight, or failures to report."""
+        scheduler = self.scheduler
+        return (
+            scheduler.has_unfinished_requests()
+            or bool(self._batch_queue)
+            or scheduler.has_error_outputs
+        )
 
     # ---- statistics ----------------------------------------------------------------
 
@@ -310,8 +338,9 @@ class EngineCore:
         """
         if self.max_batches_in_flight > 1:
             return self.step_with_batch_queue()
-        if not self.scheduler.has_unfinished_requests():
-            return EngineCoreOutputs()
+        self.scheduler.admit_compiled_requests()
+        if not self.scheduler.has_schedulable_requests():
+            return self._wait_for_grammars()  # (nothing at all: no outputs, at once)
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty and not scheduler_output.num_preempted:
             raise RuntimeError(
@@ -336,6 +365,7 @@ class EngineCore:
         wait for the oldest batch and run ``update_from_output`` on it: batches are
         updated in the order they were scheduled.
         """
+        self.scheduler.admit_compiled_requests()
         while len(self._batch_queue) < self.max_batches_in_flight and (
             self.scheduler.has_schedulable_requests()
         ):
@@ -348,6 +378,8 @@ class EngineCore:
             future = self.executor.execute_model_async(scheduler_output)
             self._batch_queue.append(_BatchInFlight(scheduler_output, future, stats, record))
         if not self._batch_queue:
+            if self.scheduler.waiting_for_fsm or self.scheduler.has_error_outputs:
+                return self._wait_for_grammars()
             if self.scheduler.has_unfinished_requests():
                 raise RuntimeError(
                     "the scheduler could schedule none of "
@@ -370,6 +402,16 @@ class EngineCore:
                 observer(batch.record)
         return outputs
 
+    def _wait_for_grammars(self) -> EngineCoreOutputs:
+        """Nothing can run but requests whose grammar compiles: wait a moment for one (the
+        caller's loop goes on), and report the requests whose grammar failed."""
+        scheduler = self.scheduler
+        if not scheduler.has_error_outputs:
+            grammars = [request.structured_output for request in scheduler.waiting_for_fsm]
+            self.structured_outputs.wait_for_any(grammars, GRAMMAR_WAIT_S)
+            scheduler.admit_compiled_requests()
+        return EngineCoreOutputs(scheduler.take_error_outputs())
+
     def _start_record(self, scheduler_output) -> StepRecord:
         """The batch as scheduled (counters before the step) and the requests held."""
         requests = self.scheduler.requests
@@ -383,4 +425,5 @@ class EngineCore:
         return StepRecord(stats, batch, list(requests.values()))
 
     def shutdown(self) -> None:
+        self.structured_outputs.shutdown()
         self.executor.shutdown()

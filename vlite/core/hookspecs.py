@@ -29,12 +29,13 @@ PROJECT_NAME = "vlite"
 #: their metadata types. It is raised by one whenever they change in a way a plugin could
 #: notice: a hook or an interface member added, changed or removed. A plugin declares the
 #: versions it works with as ``VLITE_PLUGIN_API = ">=2,<3"`` (or ``2``, meaning ``>=2``).
-PLUGIN_API_VERSION = 2
+PLUGIN_API_VERSION = 3
 #: Every plugin API version this vlite still serves, oldest first. A plugin loads if its
 #: ``VLITE_PLUGIN_API`` admits any of them. Version 1 differs only in how schedulers are
 #: written (subclasses of ``vlite.core.scheduler.Scheduler``, deprecated; version 2 registers
-#: ``SchedulingPolicy`` subclasses and moved chunked prefill into the mechanism).
-SUPPORTED_PLUGIN_APIS = (1, 2)
+#: ``SchedulingPolicy`` subclasses and moved chunked prefill into the mechanism). Version 3
+#: added the structured-output backend and logits-processor kinds; nothing older changed.
+SUPPORTED_PLUGIN_APIS = (1, 2, 3)
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
@@ -111,6 +112,47 @@ def register_models(register: Register) -> None:
 
     Called at engine construction, in every process that builds a model; ``docs/models.md``
     shows how a model plugin is written.
+    """
+
+
+@hookspec
+def register_structured_output_backends(register: Register) -> None:
+    """Register structured-output backends (JSON schemas, regexes, choices, grammars).
+
+    :param register: ``register(name, cls)``; ``cls`` implements
+        :class:`vlite.core.structured_output.StructuredOutputBackend`: the class method
+        ``validate(params)`` (no tokenizer; the front end calls it to refuse a bad
+        constraint with a 400), and, constructed as ``cls(tokenizer, vocab_size)`` on first
+        use, ``compile(params)`` returning a grammar whose ``new_matcher()`` tracks one
+        request's output (``fill_bitmask``, ``accept_token``, ``rollback``,
+        ``is_terminated``).
+
+    Called at engine construction, in the engine-core process (which compiles and matches;
+    workers only apply the bitmask it sends), and in the front end (to validate).
+    ``vlite.testing.StructuredOutputBackendConformance`` checks an implementation.
+
+    Example::
+
+        @vlite.hookimpl
+        def register_structured_output_backends(register):
+            register("my-grammars", MyGrammarBackend)
+    """
+
+
+@hookspec
+def register_logits_processors(register: Register) -> None:
+    """Register batch-level logits processors.
+
+    :param register: ``register(name, cls)``; ``cls`` subclasses
+        :class:`vlite.core.logits_processor.LogitsProcessor` and is constructed once per
+        worker as ``cls(config, device, vocab_size)``. Every registered processor runs in
+        every worker: each step it learns the batch's changes (``update_state``) and edits
+        the logits of the rows it applies to (``apply``), before the sampler plugin; it
+        decides from a request's ``SamplingParams`` (a third-party one from its key in
+        ``extra_args``) whether it applies. ``vlite.testing.LogitsProcessorConformance``
+        checks an implementation.
+
+    Called in every process that builds a model runner (workers).
     """
 
 

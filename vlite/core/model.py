@@ -55,6 +55,16 @@ class ModelDescription(Protocol):
         gives the line ``vlite run`` prints)."""
         ...
 
+    @property
+    def vocab_size(self) -> int:
+        """The width of the model's logits (tokens it can produce)."""
+        ...
+
+    def load_tokenizer(self) -> Any:
+        """The model's Hugging Face tokenizer (the core loads it only for structured
+        outputs, whose grammars are compiled over its tokens)."""
+        ...
+
 
 class CausalLM(Protocol):
     """A decoder-only language model over a flattened, paged batch.

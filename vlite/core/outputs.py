@@ -48,12 +48,25 @@ class CachedRequestData(msgspec.Struct, array_like=True):
     new_token_ids: list[int] = msgspec.field(default_factory=list)
 
 
+class GrammarBitmask(msgspec.Struct, array_like=True):
+    """The tokens each structured request that samples this step may sample.
+
+    ``data`` holds ``int32 [len(request_ids), ceil(vocab_size / 32)]`` (native byte order),
+    row ``i`` for ``request_ids[i]``: bit ``b`` of word ``w`` is set when token ``32w + b``
+    is allowed (see :mod:`vlite.core.structured_output`).
+    """
+
+    request_ids: list[str]
+    data: bytes
+
+
 class SchedulerOutput(msgspec.Struct, array_like=True):
     """Who runs this step and how many new tokens each computes.
 
     ``num_scheduled_tokens`` is ordered: the model runner lays the batch out in this order.
     ``finished_request_ids`` are requests finished or aborted since the last step, whose
-    worker-side state can be dropped.
+    worker-side state can be dropped. ``grammar_bitmask`` constrains the structured
+    requests that sample this step (``None`` when there are none).
     """
 
     new_requests: list[NewRequestData]
@@ -61,6 +74,7 @@ class SchedulerOutput(msgspec.Struct, array_like=True):
     num_scheduled_tokens: dict[str, int]
     finished_request_ids: list[str]
     num_preempted: int = 0
+    grammar_bitmask: GrammarBitmask | None = None
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -109,6 +123,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     new_logprobs: list[SampledLogprobs] | None = None
     #: On a request's last output: when it was first scheduled (``time.monotonic()``).
     first_scheduled_time: float | None = None
+    #: With ``finish_reason="error"``: what went wrong (e.g. its grammar did not compile).
+    error: str | None = None
 
     @property
     def is_finished(self) -> bool:

@@ -46,6 +46,8 @@ PLUGIN_KINDS: dict[str, str] = {
     "sampler": "register_samplers",
     "executor": "register_executors",
     "model": "register_models",
+    "structured_output_backend": "register_structured_output_backends",
+    "logits_processor": "register_logits_processors",
 }
 
 
@@ -350,7 +352,12 @@ def registration_problem(kind: str, obj: Any) -> str | None:
     bases = {"attention_backend": AttentionBackend, "executor": Executor}
     if kind in bases and not issubclass(obj, bases[kind]):
         return f"does not subclass {_qualified(bases[kind])}"
-    methods = {"sampler": ("sample",), "model": ("forward", "compute_logits", "load_weights")}
+    methods = {
+        "sampler": ("sample",),
+        "model": ("forward", "compute_logits", "load_weights"),
+        "structured_output_backend": ("validate", "compile"),
+        "logits_processor": ("update_state", "apply"),
+    }
     missing = [m for m in methods.get(kind, ()) if not callable(getattr(obj, m, None))]
     if missing:
         return f"has no {', '.join(missing)} method"

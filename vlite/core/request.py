@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from vlite.core.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from vlite.core.structured_output_manager import StructuredOutputRequest
 
 
 class RequestStatus(enum.Enum):
     """Where a request is in its life.
 
     ``WAITING -> RUNNING -> FINISHED_*``; a running request whose blocks are taken back
-    goes ``RUNNING -> PREEMPTED`` and is re-admitted (and its tokens recomputed) later.
+    goes ``RUNNING -> PREEMPTED`` and is re-admitted (and its tokens recomputed) later. A
+    request with structured outputs starts in ``WAITING_FOR_FSM`` while its grammar
+    compiles, then goes on to ``WAITING`` (or ``FINISHED_ERROR`` if it cannot compile).
     """
 
+    WAITING_FOR_FSM = "waiting_for_fsm"
     WAITING = "waiting"
     RUNNING = "running"
     PREEMPTED = "preempted"
@@ -85,6 +92,10 @@ class Request:
         self.num_cached_tokens = 0
         self.num_preemptions = 0
         self.stop_reason: int | str | None = None
+        #: The grammar of a request with ``structured_outputs`` (set by the scheduler).
+        self.structured_output: StructuredOutputRequest | None = None
+        #: Why a request finished with an error (reported with its last output).
+        self.error: str | None = None
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, fields
+from typing import Any
 
 from vlite.core.errors import InvalidRequestError
+from vlite.core.structured_output_params import StructuredOutputsParams
 
 _GREEDY_EPSILON = 1e-5
 #: The most alternatives ``logprobs`` may ask for per token (OpenAI's limit too).
 MAX_LOGPROBS = 20
+#: The largest bias ``logit_bias`` may add or subtract (OpenAI's limit too).
+MAX_LOGIT_BIAS = 100.0
 
 
 class SamplingParamsError(InvalidRequestError):
@@ -51,6 +55,17 @@ class SamplingParams:
             ``logprobs`` most likely tokens at its position (0 <= logprobs <=
             ``MAX_LOGPROBS``), from the model's raw logits (before penalties and
             temperature).
+        structured_outputs: ``None``, or the shape the output must have (a JSON schema, a
+            regex, choices, a grammar: :class:`StructuredOutputsParams`, or a dict of its
+            fields). The request is finished with ``"stop"`` when the shape is complete.
+        logit_bias: token id -> a bias in [-100, 100] added to its logit before sampling.
+        allowed_token_ids: only these token ids may be sampled.
+        bad_words: words that may not be generated: a word's last token is banned where the
+            output ends with the word's other tokens (the front end tokenizes them into
+            ``bad_words_token_ids``, with and without a leading space).
+        bad_words_token_ids: the token sequences ``bad_words`` becomes (set by the front
+            end; may be given directly as token ids).
+        extra_args: free-form settings for logits-processor plugins (each reads its key).
     """
 
     max_tokens: int = 16
@@ -68,6 +83,12 @@ class SamplingParams:
     min_p: float = 0.0
     min_tokens: int = 0
     logprobs: int | None = None
+    structured_outputs: StructuredOutputsParams | None = None
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    bad_words_token_ids: list[list[int]] | None = None
+    extra_args: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self._check(
@@ -126,6 +147,65 @@ class SamplingParams:
             "logprobs",
             f"None or an integer in [0, {MAX_LOGPROBS}]",
         )
+        self._check_output_controls()
+
+    def _check_output_controls(self) -> None:
+        """structured_outputs, logit_bias, allowed_token_ids, bad_words, extra_args."""
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+        self._check(
+            self.structured_outputs is None
+            or isinstance(self.structured_outputs, StructuredOutputsParams),
+            "structured_outputs",
+            "None, a StructuredOutputsParams, or a dict of its fields",
+        )
+        if self.logit_bias is not None:
+            self._check(
+                isinstance(self.logit_bias, dict)
+                and all(_is_token_id(k) for k in self.logit_bias)
+                and all(
+                    _is_number(v) and abs(v) <= MAX_LOGIT_BIAS for v in self.logit_bias.values()
+                ),
+                "logit_bias",
+                f"a dict of token id (int >= 0) -> bias in ±{MAX_LOGIT_BIAS:g}",
+            )
+            self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()} or None
+        self._check(
+            self.allowed_token_ids is None
+            or (
+                isinstance(self.allowed_token_ids, list)
+                and self.allowed_token_ids
+                and all(map(_is_token_id, self.allowed_token_ids))
+            ),
+            "allowed_token_ids",
+            "None or a non-empty list of token ids (int >= 0)",
+        )
+        self._check(
+            self.bad_words is None
+            or (
+                isinstance(self.bad_words, list)
+                and all(isinstance(w, str) and w for w in self.bad_words)
+            ),
+            "bad_words",
+            "None or a list of non-empty strings",
+        )
+        self._check(
+            self.bad_words_token_ids is None
+            or (
+                isinstance(self.bad_words_token_ids, list)
+                and all(
+                    isinstance(word, list) and word and all(map(_is_token_id, word))
+                    for word in self.bad_words_token_ids
+                )
+            ),
+            "bad_words_token_ids",
+            "None or a list of non-empty lists of token ids",
+        )
+        self._check(
+            self.extra_args is None or isinstance(self.extra_args, dict),
+            "extra_args",
+            "None or a dict",
+        )
 
     def _check(self, is_ok: bool, name: str, allowed: str) -> None:
         if not is_ok:
@@ -162,6 +242,10 @@ class SamplingParams:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_token_id(value: object) -> bool:
+    return _is_int(value) and value >= 0
 
 
 def _is_number(value: object) -> bool:

@@ -31,6 +31,7 @@ from vlite.core.outputs import (
     CachedRequestData,
     EngineCoreOutput,
     EngineCoreOutputs,
+    GrammarBitmask,
     ModelRunnerOutput,
     NewRequestData,
     SchedulerOutput,
@@ -39,6 +40,7 @@ from vlite.core.request import Request, RequestStatus
 from vlite.core.scheduling_policy import SchedulingPolicy
 from vlite.core.stats import StepStats
 from vlite.core.stop import check_stop
+from vlite.core.structured_output_manager import StructuredOutputManager
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,12 @@ class Scheduler:
         self.in_flight: set[str] = set()
         #: Batches the engine keeps in flight (set by the engine; 1: the plain step).
         self.max_batches_in_flight = 1
+        #: Compiles and queries grammars (set by the engine; needed for structured outputs).
+        self.structured_outputs: StructuredOutputManager | None = None
+        #: Requests whose grammar is compiling (``WAITING_FOR_FSM``), in arrival order.
+        self.waiting_for_fsm: list[Request] = []
+        self._num_structured = 0
+        self._error_outputs: list[EngineCoreOutput] = []
         self._arrival_counter = itertools.count()
         self._finished_since_last_step: list[str] = []
         self.num_preemptions = 0
@@ -257,9 +265,49 @@ class Scheduler:
     # ---- requests in and out -------------------------------------------------------
 
     def add_request(self, request: Request) -> None:
+        """Queue a request; one with structured outputs waits for its grammar first."""
         self.requests[request.request_id] = request
         request.arrival_index = next(self._arrival_counter)
-        self._enqueue_waiting(request)
+        params = request.sampling_params.structured_outputs
+        if params is None:
+            self._enqueue_waiting(request)
+            return
+        if self.structured_outputs is None:
+            raise RuntimeError("the scheduler has no StructuredOutputManager (set by the engine)")
+        request.structured_output = self.structured_outputs.start(params)
+        request.status = RequestStatus.WAITING_FOR_FSM
+        self.waiting_for_fsm.append(request)
+        self._num_structured += 1
+
+    def admit_compiled_requests(self) -> None:
+        """Move the requests whose grammar has compiled to the waiting queue; finish those
+        whose grammar failed, with the reason (reported by the next
+        :meth:`update_from_output` or :meth:`take_error_outputs`)."""
+        if not self.waiting_for_fsm:
+            return
+        compiling = []
+        for request in self.waiting_for_fsm:
+            grammar = request.structured_output
+            if not grammar.is_compiled:
+                compiling.append(request)
+            elif grammar.start_matching():
+                request.status = RequestStatus.WAITING
+                self._enqueue_waiting(request)
+            else:
+                request.status = RequestStatus.FINISHED_ERROR
+                request.error = grammar.error
+                self._error_outputs.append(_final_output(request, []))
+                self._release(request)
+        self.waiting_for_fsm = compiling
+
+    @property
+    def has_error_outputs(self) -> bool:
+        return bool(self._error_outputs)
+
+    def take_error_outputs(self) -> list[EngineCoreOutput]:
+        """The final outputs of requests that failed outside a step (their grammar)."""
+        outputs, self._error_outputs = self._error_outputs, []
+        return outputs
 
     def _enqueue_waiting(self, request: Request) -> None:
         bisect.insort(self.waiting, request, key=self.waiting_sort_key)
@@ -272,6 +320,8 @@ class Scheduler:
                 continue
             if request in self.running:
                 self.running.remove(request)
+            elif request.status is RequestStatus.WAITING_FOR_FSM:
+                self.waiting_for_fsm.remove(request)
             else:
                 self.waiting.remove(request)
             request.status = status
@@ -283,6 +333,8 @@ class Scheduler:
         self.kv_cache_manager.free(request, num_computed_tokens=request.num_computed_tokens)
         del self.requests[request.request_id]
         self._finished_since_last_step.append(request.request_id)
+        if request.structured_output is not None:
+            self._num_structured -= 1
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -295,6 +347,7 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         """Choose this step's batch: running requests first, then admissions."""
+        self.admit_compiled_requests()
         step = _StepPlan(self.limits.max_num_batched_tokens, self._batch_seq_cap())
         kv = self.kv_cache_manager
         num_queried, num_hit = kv.num_prefix_queried_tokens, kv.num_prefix_hit_tokens
@@ -329,7 +382,19 @@ class Scheduler:
             num_scheduled_tokens=step.num_scheduled_tokens,
             finished_request_ids=finished,
             num_preempted=step.num_preempted,
+            grammar_bitmask=self._grammar_bitmask(step) if self._num_structured else None,
         )
+
+    def _grammar_bitmask(self, step: _StepPlan) -> GrammarBitmask | None:
+        """One row per structured request that samples this step (its scheduled tokens
+        reach the end of its known tokens: a decode, or a prompt's last chunk)."""
+        rows = []
+        for request_id, num_new in step.num_scheduled_tokens.items():
+            request = self.requests[request_id]
+            grammar = request.structured_output
+            if grammar is not None and request.num_computed_tokens + num_new >= request.num_tokens:
+                rows.append((request_id, grammar))
+        return self.structured_outputs.grammar_bitmask(rows)
 
     def _schedule_running(self, step: _StepPlan) -> None:
         is_budget_spent = False
@@ -494,7 +559,7 @@ class Scheduler:
     ) -> EngineCoreOutputs:
         """Advance counters, append sampled tokens, finish and free stopped requests."""
         self.in_flight.difference_update(scheduler_output.num_scheduled_tokens)
-        outputs: list[EngineCoreOutput] = []
+        outputs: list[EngineCoreOutput] = self.take_error_outputs()
         sampled = runner_output.sampled_token_ids
         logprobs = runner_output.logprobs
         for request_id, num_new in scheduler_output.num_scheduled_tokens.items():
@@ -507,14 +572,13 @@ class Scheduler:
                 continue
             new_logprobs = logprobs.get(request_id) if logprobs else None
             outputs.append(
-                EngineCoreOutput(
+                _final_output(request, new_token_ids, new_logprobs)
+                if request.is_finished
+                else EngineCoreOutput(
                     request_id,
                     new_token_ids,
-                    request.status.finish_reason,
-                    request.stop_reason,
-                    request.num_cached_tokens,
-                    new_logprobs[: len(new_token_ids)] if new_logprobs else None,
-                    request.first_scheduled_time if request.is_finished else None,
+                    num_cached_tokens=request.num_cached_tokens,
+                    new_logprobs=new_logprobs[: len(new_token_ids)] if new_logprobs else None,
                 )
             )
             if request.is_finished:
@@ -527,9 +591,45 @@ class Scheduler:
         for token_id in token_ids:
             request.append_output_token(token_id)
             appended.append(token_id)
+            if request.structured_output is not None and _grammar_ends(request, token_id):
+                break
             if check_stop(request, self.limits.max_model_len):
                 break
         return appended
+
+
+def _grammar_ends(request: Request, token_id: int) -> bool:
+    """Advance the request's grammar by ``token_id``; finish the request (and say so) when
+    the grammar is complete (``stop``) or forbids the token (``error``: the sampler did
+    not honour the mask)."""
+    matcher = request.structured_output.matcher
+    if not matcher.accept_token(token_id):
+        request.status = RequestStatus.FINISHED_ERROR
+        request.error = (
+            f"token {token_id} was sampled, but the request's grammar does not allow it "
+            "there (the sampler did not honour the grammar's mask)"
+        )
+        return True
+    if matcher.is_terminated():
+        request.status = RequestStatus.FINISHED_STOPPED
+        return True
+    return False
+
+
+def _final_output(
+    request: Request, new_token_ids: list[int], new_logprobs: list | None = None
+) -> EngineCoreOutput:
+    """A finished request's last output (its finish reason, stop reason or error)."""
+    return EngineCoreOutput(
+        request.request_id,
+        new_token_ids,
+        request.status.finish_reason,
+        request.stop_reason,
+        request.num_cached_tokens,
+        new_logprobs[: len(new_token_ids)] if new_logprobs else None,
+        request.first_scheduled_time,
+        request.error,
+    )
 
 
 def _qualified_name(cls: type) -> str:

@@ -120,6 +120,10 @@ class ModelSpec:
         return architectures[0]
 
     @property
+    def vocab_size(self) -> int:
+        return int(self.hf_config.vocab_size)
+
+    @property
     def is_gguf(self) -> bool:
         return self.gguf_file is not None
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from vlite.core.outputs import ModelRunnerOutput, NewRequestData, SchedulerOutput
+from vlite.core.outputs import GrammarBitmask, ModelRunnerOutput, NewRequestData, SchedulerOutput
 from vlite.core.sampler import Sampler
 from vlite.distributed.pipeline import SINGLE_STAGE, PipelineParallelGroup
+from vlite.worker.grammar_mask import apply_grammar_bitmask
 from vlite.worker.input_batch import CachedRequestState, ModelInputs, prepare_inputs
 from vlite.worker.logprobs import LogprobsRequest
 from vlite.worker.sampling_inputs import build_sampling_metadata, min_tokens_mask
@@ -31,7 +32,7 @@ class ModelRunner:
         self.device = device
         self.kv_caches: list[torch.Tensor] = []
         self.requests: dict[str, CachedRequestState] = {}
-        self._pending: tuple[ModelInputs, torch.Tensor] | None = None
+        self._pending: tuple[ModelInputs, torch.Tensor, GrammarBitmask | None] | None = None
         #: This worker's pipeline stage (the only one without pipeline parallelism).
         self.pipeline: PipelineParallelGroup = getattr(model, "pp_group", SINGLE_STAGE)
         #: LongRoPE models: sequences of more known tokens use the long factors.
@@ -134,7 +135,7 @@ class ModelRunner:
             self._pending = None
             return
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
-        self._pending = (inputs, logits)
+        self._pending = (inputs, logits, scheduler_output.grammar_bitmask)
 
     def _forward(self, inputs: ModelInputs) -> torch.Tensor | list[torch.Tensor]:
         """The model over the step's tokens: hidden states ``[T, hidden]`` (on a stage
@@ -155,7 +156,7 @@ class ModelRunner:
         """Sample one token for every sequence that reached its end in the last forward."""
         if self._pending is None:
             return ModelRunnerOutput(sampled_token_ids={})
-        inputs, logits = self._pending
+        inputs, logits, grammar_bitmask = self._pending
         self._pending = None
         request_ids = inputs.sampled_request_ids
         if not request_ids:
@@ -174,6 +175,8 @@ class ModelRunner:
             mask = min_tokens_mask(states, self.device, vocab_size)
         if mask is not None:
             logits[mask] = float("-inf")
+        if grammar_bitmask is not None:  # last: the grammar has the final word
+            apply_grammar_bitmask(logits, request_ids, grammar_bitmask)
         sampled = self.sampler.sample(logits, metadata)
         token_ids = sampled.tolist()
         for state, token_id in zip(states, token_ids):

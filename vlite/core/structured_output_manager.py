@@ -1,0 +1,176 @@
+"""StructuredOutputManager: the engine core's grammars: compiled off the step loop, cached,
+asked for each step's token bitmask, and advanced by the sampled tokens.
+
+The life of a request with ``structured_outputs`` (the scheduler drives it)::
+
+    add_request ──> WAITING_FOR_FSM ──(grammar compiled on the pool)──> WAITING ─> RUNNING
+                          └──(compilation failed)──> FINISHED_ERROR, with the reason
+
+    each step: schedule() ─> bitmask rows of the structured requests that sample ─> workers
+               update_from_output: matcher.accept_token(token); complete ─> FINISHED_STOPPED
+
+Compilation runs on a small thread pool, so the step loop never waits for it (a loop with
+nothing else to do waits for the first grammar, a few milliseconds at a time). Compiled
+grammars are cached by ``(backend, kind, spec)`` (the tokenizer is the engine's own), the
+most recent :data:`GRAMMAR_CACHE_SIZE` of them. Backends are built on first use, with the
+tokenizer loaded then: an engine that never sees a structured request loads neither.
+A matcher's state is the request's output so far, which preemption keeps (only the KV cache
+is recomputed), so resuming a preempted request needs nothing from here.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any
+
+import numpy as np
+
+from vlite.core.errors import InvalidRequestError
+from vlite.core.outputs import GrammarBitmask
+from vlite.core.structured_output import (
+    CompiledGrammar,
+    GrammarMatcher,
+    StructuredOutputBackend,
+    allocate_bitmask,
+    supported_kinds,
+)
+from vlite.core.structured_output_params import StructuredOutputsParams
+
+#: Compiled grammars kept for reuse (least recently used dropped first).
+GRAMMAR_CACHE_SIZE = 256
+#: Threads compiling grammars (compilers release the GIL while they work).
+COMPILE_THREADS = 2
+
+
+class StructuredOutputRequest:
+    """One request's grammar: compiling, then its matcher (or why it failed)."""
+
+    def __init__(self, backend: str, compiled: Future[CompiledGrammar]) -> None:
+        self.backend = backend
+        self.compiled = compiled
+        self.matcher: GrammarMatcher | None = None
+        self.error: str | None = None
+
+    @property
+    def is_compiled(self) -> bool:
+        """Whether compilation has ended (with a grammar or an error)."""
+        return self.compiled.done()
+
+    def start_matching(self) -> bool:
+        """Once compiled: make the matcher (``True``), or record the error (``False``)."""
+        try:
+            self.matcher = self.compiled.result().new_matcher()
+        except Exception as exc:
+            self.error = f"the {self.backend} grammar could not be compiled: {exc}"
+            return False
+        return True
+
+
+class StructuredOutputManager:
+    """Compiles, caches and queries the grammars of one engine core's requests.
+
+    Args:
+        backends: backend name -> class (the registry's ``structured_output_backend`` kind).
+        default_backend: the name used when a request names none.
+        load_tokenizer: returns the model's Hugging Face tokenizer (called once, lazily).
+        vocab_size: the width of the model's logits (the bitmask's bits per row).
+    """
+
+    def __init__(
+        self,
+        backends: dict[str, type[StructuredOutputBackend]],
+        default_backend: str,
+        load_tokenizer: Callable[[], Any],
+        vocab_size: int,
+    ) -> None:
+        self.backend_classes = backends
+        self.default_backend = default_backend
+        self.vocab_size = vocab_size
+        self._load_tokenizer = load_tokenizer
+        self._tokenizer: Any = None
+        self._backends: dict[str, StructuredOutputBackend] = {}
+        self._backend_lock = threading.Lock()
+        self._cache: OrderedDict[tuple[str, str, str], Future[CompiledGrammar]] = OrderedDict()
+        self._pool: ThreadPoolExecutor | None = None
+
+    # ---- requests in ---------------------------------------------------------------
+
+    def backend_name(self, params: StructuredOutputsParams) -> str:
+        return params.backend or self.default_backend
+
+    def check(self, request_id: str, params: StructuredOutputsParams) -> None:
+        """Refuse a request whose backend is unknown or does not handle its kind."""
+        name = self.backend_name(params)
+        backend_cls = self.backend_classes.get(name)
+        if backend_cls is None:
+            raise InvalidRequestError(
+                f"request {request_id!r}: structured-output backend {name!r} is not "
+                f"registered; available: {', '.join(sorted(self.backend_classes)) or '(none)'}"
+            )
+        kinds = supported_kinds(backend_cls)
+        if params.kind not in kinds:
+            raise InvalidRequestError(
+                f"request {request_id!r}: structured-output backend {name!r} does not support "
+                f"{params.kind!r} constraints (it supports {', '.join(kinds)})"
+            )
+
+    def start(self, params: StructuredOutputsParams) -> StructuredOutputRequest:
+        """Begin (or reuse) the compilation of ``params``'s grammar."""
+        name = self.backend_name(params)
+        key = (name, *params.key)
+        future = self._cache.get(key)
+        if future is None:
+            future = self._compile_pool().submit(self._compile, name, params)
+            self._cache[key] = future
+            while len(self._cache) > GRAMMAR_CACHE_SIZE:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        return StructuredOutputRequest(name, future)
+
+    def _compile_pool(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="vlite-grammar")
+        return self._pool
+
+    def _compile(self, name: str, params: StructuredOutputsParams) -> CompiledGrammar:
+        return self._backend(name).compile(params)
+
+    def _backend(self, name: str) -> StructuredOutputBackend:
+        with self._backend_lock:
+            backend = self._backends.get(name)
+            if backend is None:
+                if self._tokenizer is None:
+                    self._tokenizer = self._load_tokenizer()
+                backend = self.backend_classes[name](self._tokenizer, self.vocab_size)
+                self._backends[name] = backend
+            return backend
+
+    @staticmethod
+    def wait_for_any(requests: list[StructuredOutputRequest], timeout_s: float) -> None:
+        """Block until one of ``requests`` has compiled, or ``timeout_s`` passed."""
+        pending = [request.compiled for request in requests if not request.is_compiled]
+        if pending:
+            wait(pending, timeout=timeout_s, return_when=FIRST_COMPLETED)
+
+    # ---- each step -----------------------------------------------------------------
+
+    def grammar_bitmask(
+        self, rows: list[tuple[str, StructuredOutputRequest]]
+    ) -> GrammarBitmask | None:
+        """The bitmask of the structured requests that sample this step, one row each in
+        the given order (``(request_id, its grammar)``); ``None`` for none."""
+        if not rows:
+            return None
+        bitmask = allocate_bitmask(len(rows), self.vocab_size)
+        for row, (_, request) in enumerate(rows):
+            request.matcher.fill_bitmask(bitmask, row)
+        data = np.ascontiguousarray(bitmask.numpy()).tobytes()
+        return GrammarBitmask([request_id for request_id, _ in rows], data)
+
+    def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
