@@ -306,9 +306,7 @@ class EngineCore:
         """Whether a step has work: requests, batches in flight, or failures to report."""
         scheduler = self.scheduler
         return (
-            scheduler.has_unfinished_requests()
-            or bool(self._batch_queue)
-            or scheduler.has_error_outputs
+            scheduler.has_unfinished_requests() or bool(self._batch_queue) or scheduler.has_failures
         )
 
     # ---- statistics ----------------------------------------------------------------
@@ -378,7 +376,7 @@ class EngineCore:
             future = self.executor.execute_model_async(scheduler_output)
             self._batch_queue.append(_BatchInFlight(scheduler_output, future, stats, record))
         if not self._batch_queue:
-            if self.scheduler.waiting_for_fsm or self.scheduler.has_error_outputs:
+            if self.scheduler.waiting_for_fsm or self.scheduler.has_failures:
                 return self._wait_for_grammars()
             if self.scheduler.has_unfinished_requests():
                 raise RuntimeError(
@@ -406,11 +404,11 @@ class EngineCore:
         """Nothing can run but requests whose grammar compiles: wait a moment for one (the
         caller's loop goes on), and report the requests whose grammar failed."""
         scheduler = self.scheduler
-        if not scheduler.has_error_outputs:
+        if not scheduler.has_failures:
             grammars = [request.structured_output for request in scheduler.waiting_for_fsm]
             self.structured_outputs.wait_for_any(grammars, GRAMMAR_WAIT_S)
             scheduler.admit_compiled_requests()
-        return EngineCoreOutputs(scheduler.take_error_outputs())
+        return EngineCoreOutputs(failures=scheduler.take_failures())
 
     def _start_record(self, scheduler_output) -> StepRecord:
         """The batch as scheduled (counters before the step) and the requests held."""

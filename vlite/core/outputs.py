@@ -123,16 +123,30 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     new_logprobs: list[SampledLogprobs] | None = None
     #: On a request's last output: when it was first scheduled (``time.monotonic()``).
     first_scheduled_time: float | None = None
-    #: With ``finish_reason="error"``: what went wrong (e.g. its grammar did not compile).
-    error: str | None = None
 
     @property
     def is_finished(self) -> bool:
         return self.finish_reason is not None
 
 
+class RequestFailure(msgspec.Struct, array_like=True):
+    """A request the core ended because it cannot go on, and why.
+
+    ``is_invalid_request``: the request's own fault (its grammar does not compile: an HTTP
+    400), else the engine's (a sampled token its grammar forbids: a bug).
+    """
+
+    request_id: str
+    message: str
+    is_invalid_request: bool = True
+
+
 class EngineCoreOutputs(msgspec.Struct, array_like=True):
+    """One step's outputs, and the requests that failed since the previous step (they get
+    no output: their consumers get the failure)."""
+
     outputs: list[EngineCoreOutput] = msgspec.field(default_factory=list)
+    failures: list[RequestFailure] = msgspec.field(default_factory=list)
 
 
 class RequestOutputKind(enum.Enum):

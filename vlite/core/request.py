@@ -94,7 +94,7 @@ class Request:
         self.stop_reason: int | str | None = None
         #: The grammar of a request with ``structured_outputs`` (set by the scheduler).
         self.structured_output: StructuredOutputRequest | None = None
-        #: Why a request finished with an error (reported with its last output).
+        #: Why the core ended the request with ``FINISHED_ERROR``.
         self.error: str | None = None
 
     @property

@@ -34,6 +34,7 @@ from vlite.core.outputs import (
     GrammarBitmask,
     ModelRunnerOutput,
     NewRequestData,
+    RequestFailure,
     SchedulerOutput,
 )
 from vlite.core.request import Request, RequestStatus
@@ -150,7 +151,7 @@ class Scheduler:
         #: Requests whose grammar is compiling (``WAITING_FOR_FSM``), in arrival order.
         self.waiting_for_fsm: list[Request] = []
         self._num_structured = 0
-        self._error_outputs: list[EngineCoreOutput] = []
+        self._failures: list[RequestFailure] = []
         self._arrival_counter = itertools.count()
         self._finished_since_last_step: list[str] = []
         self.num_preemptions = 0
@@ -280,9 +281,9 @@ class Scheduler:
         self._num_structured += 1
 
     def admit_compiled_requests(self) -> None:
-        """Move the requests whose grammar has compiled to the waiting queue; finish those
-        whose grammar failed, with the reason (reported by the next
-        :meth:`update_from_output` or :meth:`take_error_outputs`)."""
+        """Move the requests whose grammar has compiled to the waiting queue; end those
+        whose grammar failed (reported by the next :meth:`update_from_output` or
+        :meth:`take_failures`)."""
         if not self.waiting_for_fsm:
             return
         compiling = []
@@ -295,19 +296,18 @@ class Scheduler:
                 self._enqueue_waiting(request)
             else:
                 request.status = RequestStatus.FINISHED_ERROR
-                request.error = grammar.error
-                self._error_outputs.append(_final_output(request, []))
+                self._failures.append(RequestFailure(request.request_id, grammar.error))
                 self._release(request)
         self.waiting_for_fsm = compiling
 
     @property
-    def has_error_outputs(self) -> bool:
-        return bool(self._error_outputs)
+    def has_failures(self) -> bool:
+        return bool(self._failures)
 
-    def take_error_outputs(self) -> list[EngineCoreOutput]:
-        """The final outputs of requests that failed outside a step (their grammar)."""
-        outputs, self._error_outputs = self._error_outputs, []
-        return outputs
+    def take_failures(self) -> list[RequestFailure]:
+        """The requests ended since the last call because they could not go on."""
+        failures, self._failures = self._failures, []
+        return failures
 
     def _enqueue_waiting(self, request: Request) -> None:
         bisect.insort(self.waiting, request, key=self.waiting_sort_key)
@@ -559,7 +559,7 @@ class Scheduler:
     ) -> EngineCoreOutputs:
         """Advance counters, append sampled tokens, finish and free stopped requests."""
         self.in_flight.difference_update(scheduler_output.num_scheduled_tokens)
-        outputs: list[EngineCoreOutput] = self.take_error_outputs()
+        outputs: list[EngineCoreOutput] = []
         sampled = runner_output.sampled_token_ids
         logprobs = runner_output.logprobs
         for request_id, num_new in scheduler_output.num_scheduled_tokens.items():
@@ -568,6 +568,11 @@ class Scheduler:
                 continue
             request.num_computed_tokens += num_new
             new_token_ids = self._append_until_stop(request, sampled.get(request_id, []))
+            if request.status is RequestStatus.FINISHED_ERROR:
+                self._failures.append(RequestFailure(request_id, request.error, False))
+                self.running.remove(request)
+                self._release(request)
+                continue
             if not new_token_ids and not request.is_finished:
                 continue
             new_logprobs = logprobs.get(request_id) if logprobs else None
@@ -584,7 +589,7 @@ class Scheduler:
             if request.is_finished:
                 self.running.remove(request)
                 self._release(request)
-        return EngineCoreOutputs(outputs)
+        return EngineCoreOutputs(outputs, self.take_failures())
 
     def _append_until_stop(self, request: Request, token_ids: list[int]) -> list[int]:
         appended = []
@@ -628,7 +633,6 @@ def _final_output(
         request.num_cached_tokens,
         new_logprobs[: len(new_token_ids)] if new_logprobs else None,
         request.first_scheduled_time,
-        request.error,
     )
 
 

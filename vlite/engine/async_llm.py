@@ -26,6 +26,7 @@ from typing import Any
 from vlite.core.config import VliteConfig
 from vlite.core.errors import InvalidRequestError
 from vlite.core.outputs import EngineCoreOutput, RequestOutput, RequestOutputKind
+from vlite.core.plugins import PluginRegistry, build_plugin_manager
 from vlite.core.request import RequestStatus
 from vlite.core.sampling_params import SamplingParams
 from vlite.engine.core_client import AsyncMPClient
@@ -35,6 +36,7 @@ from vlite.engine.engine_core_proc import EngineCoreFactory
 from vlite.engine.exceptions import EngineDeadError, EngineGenerateError
 from vlite.engine.input_processor import InputProcessor, Prompt
 from vlite.engine.output_collector import RequestOutputCollector
+from vlite.engine.output_controls import StructuredOutputValidator
 from vlite.engine.output_processor import OutputProcessor
 from vlite.models.spec import ModelSpec
 
@@ -117,7 +119,10 @@ class AsyncLLM:
         except BaseException:
             self.engine_core.shutdown()
             raise
-        self.input_processor = InputProcessor(self.tokenizer, model_spec.hf_config.vocab_size)
+        validate = StructuredOutputValidator(
+            config.structured_outputs_backend, lambda: PluginRegistry(build_plugin_manager())
+        )
+        self.input_processor = InputProcessor(self.tokenizer, model_spec.vocab_size, validate)
         self.output_processor = OutputProcessor(self.tokenizer)
         #: Tokenizes and templates prompts off the event loop (see :meth:`tokenize`).
         self._tokenizer_pool = ThreadPoolExecutor(

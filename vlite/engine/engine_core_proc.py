@@ -182,6 +182,14 @@ class EngineCoreProc:
             return
         if outputs.outputs:
             self.output_queue.put(StepOutputs(outputs.outputs))
+        for failure in outputs.failures:  # each fails its request alone
+            self.output_queue.put(
+                RequestErrors(
+                    [failure.request_id],
+                    failure.message,
+                    is_invalid_request=failure.is_invalid_request,
+                )
+            )
 
     def _fail_unfinished_requests(self, exc: Exception) -> None:
         """A failed step leaves its batch in an unknown state: finish every request as an

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import operator
 import time
+from collections.abc import Callable
 from typing import Any
 
 from vlite.core.errors import InvalidRequestError
 from vlite.core.request import EngineCoreRequest
 from vlite.core.sampling_params import SamplingParams
+from vlite.core.structured_output_params import StructuredOutputsParams
+from vlite.engine.output_controls import prepare_output_controls
 
 #: A prompt: text, or ``{"prompt_token_ids": [...]}`` (optionally with its ``"prompt"`` text).
 Prompt = str | dict[str, Any]
@@ -25,11 +28,20 @@ class InputProcessor:
         tokenizer: a Hugging Face tokenizer.
         vocab_size: the model's vocabulary size; token ids given directly must be below it
             (an out-of-range id would fail the whole batch's forward pass in the core).
+        validate_structured: checks a request's ``structured_outputs`` (see
+            :class:`~vlite.engine.output_controls.StructuredOutputValidator`); ``None``
+            leaves it to the engine core.
     """
 
-    def __init__(self, tokenizer: Any, vocab_size: int | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int | None = None,
+        validate_structured: Callable[[StructuredOutputsParams], None] | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
+        self.validate_structured = validate_structured
 
     @property
     def eos_token_id(self) -> int | None:
@@ -58,8 +70,16 @@ class InputProcessor:
         params: SamplingParams,
         priority: int = 0,
     ) -> tuple[EngineCoreRequest, str | None]:
-        """The request to send to the engine core, and the prompt's text (if known)."""
+        """The request to send to the engine core, and the prompt's text (if known).
+
+        Raises:
+            InvalidRequestError: a bad prompt, a token id outside the vocabulary, or a
+                structured-output constraint that cannot compile.
+        """
         text, token_ids = self.tokenize(prompt)
+        params = prepare_output_controls(
+            params, self.tokenizer, self.vocab_size, self.validate_structured
+        )
         core_request = EngineCoreRequest(
             request_id=request_id,
             prompt_token_ids=token_ids,

@@ -7,12 +7,15 @@ from typing import Any
 
 from vlite.core.config import VliteConfig
 from vlite.core.engine_core import EngineCore
-from vlite.core.outputs import RequestOutput
+from vlite.core.errors import InvalidRequestError
+from vlite.core.outputs import RequestFailure, RequestOutput
 from vlite.core.plugins import PluginRegistry
 from vlite.core.request import RequestStatus
 from vlite.core.sampling_params import SamplingParams
 from vlite.core.stats import StepObserver, StepStats
+from vlite.engine.exceptions import EngineGenerateError
 from vlite.engine.input_processor import InputProcessor, Prompt
+from vlite.engine.output_controls import StructuredOutputValidator
 from vlite.engine.output_processor import OutputProcessor
 from vlite.models.spec import ModelSpec
 
@@ -25,7 +28,10 @@ class LLMEngine:
         self.model_spec = model_spec = ModelSpec.from_config(config)
         self.engine_core = EngineCore(config, model_spec, registry)
         self.tokenizer = model_spec.load_tokenizer()
-        self.input_processor = InputProcessor(self.tokenizer, model_spec.hf_config.vocab_size)
+        validate = StructuredOutputValidator(
+            config.structured_outputs_backend, self.engine_core.registry
+        )
+        self.input_processor = InputProcessor(self.tokenizer, model_spec.vocab_size, validate)
         self.output_processor = OutputProcessor(self.tokenizer)
         self._request_counter = itertools.count()
 
@@ -70,14 +76,29 @@ class LLMEngine:
         return self.engine_core.has_unfinished_requests()
 
     def step(self, emit_unfinished: bool = True) -> list[RequestOutput]:
-        """Run one engine step; return the outputs it produced."""
+        """Run one engine step; return the outputs it produced.
+
+        Raises:
+            InvalidRequestError: a request could not go on (its grammar did not compile);
+                its other samples are aborted, the other requests go on with later steps.
+            EngineGenerateError: the core ended a request for its own fault.
+        """
         core_outputs = self.engine_core.step()
+        if core_outputs.failures:
+            self._fail_requests(core_outputs.failures)
         processed = self.output_processor.process_outputs(core_outputs.outputs, emit_unfinished)
         if processed.request_ids_to_stop:
             self.engine_core.finish_requests(
                 processed.request_ids_to_stop, RequestStatus.FINISHED_STOPPED
             )
         return processed.request_outputs
+
+    def _fail_requests(self, failures: list[RequestFailure]) -> None:
+        failure = failures[0]
+        request_ids = self.output_processor.caller_request_ids([f.request_id for f in failures])
+        self.abort_requests(request_ids)
+        error_cls = InvalidRequestError if failure.is_invalid_request else EngineGenerateError
+        raise error_cls(f"request {request_ids[0]!r}: {failure.message}")
 
     @property
     def last_step_stats(self) -> StepStats | None:

@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from vlite.core.errors import InvalidRequestError, VliteError
 from vlite.core.sampling_params import SamplingParamsError
+from vlite.core.structured_output_params import StructuredOutputsError
 from vlite.engine.exceptions import EngineDeadError, EngineGenerateError
 from vlite.server.protocol import ErrorInfo, ErrorResponse
 
@@ -77,7 +78,7 @@ def from_exception(exc: BaseException) -> OpenAIError:
     """
     if isinstance(exc, OpenAIError):
         return exc
-    if isinstance(exc, SamplingParamsError):
+    if isinstance(exc, (SamplingParamsError, StructuredOutputsError)):
         return OpenAIError(str(exc).removeprefix("SamplingParams."), param=exc.param)
     if isinstance(exc, InvalidRequestError):
         return OpenAIError(str(exc))

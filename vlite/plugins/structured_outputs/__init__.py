@@ -1,0 +1,1 @@
+"""vlite's structured-output backends: ``xgrammar`` (the default) and ``llguidance``."""
