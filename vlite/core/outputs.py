@@ -123,6 +123,9 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     new_logprobs: list[SampledLogprobs] | None = None
     #: On a request's last output: when it was first scheduled (``time.monotonic()``).
     first_scheduled_time: float | None = None
+    #: With ``finish_reason="stop"``: the last token is part of the text (a grammar ended
+    #: on it), not a stopping token (EOS or a stop token id, whose text is not shown).
+    shows_last_token: bool = False
 
     @property
     def is_finished(self) -> bool:

@@ -96,6 +96,8 @@ class Request:
         self.structured_output: StructuredOutputRequest | None = None
         #: Why the core ended the request with ``FINISHED_ERROR``.
         self.error: str | None = None
+        #: Stopped by its grammar on a token that belongs to the text.
+        self.shows_last_token = False
 
     @property
     def num_prompt_tokens(self) -> int:

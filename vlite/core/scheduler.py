@@ -617,6 +617,10 @@ def _grammar_ends(request: Request, token_id: int) -> bool:
         return True
     if matcher.is_terminated():
         request.status = RequestStatus.FINISHED_STOPPED
+        params = request.sampling_params
+        request.shows_last_token = (
+            token_id != request.eos_token_id and token_id not in params.stop_token_ids
+        )
         return True
     return False
 
@@ -633,6 +637,7 @@ def _final_output(
         request.num_cached_tokens,
         new_logprobs[: len(new_token_ids)] if new_logprobs else None,
         request.first_scheduled_time,
+        request.shows_last_token,
     )
 
 

@@ -102,12 +102,13 @@ class StructuredOutputsParams:
 
     @property
     def spec(self) -> str:
-        """The constraint as text: the schema's JSON (keys sorted), the regex, the grammar,
-        the choices as a JSON list, or ``""`` for ``json_object``."""
+        """The constraint as text: the schema's compact JSON (its properties in their order,
+        which is the order the output gives them), the regex, the grammar, the choices as a
+        JSON list, or ``""`` for ``json_object``."""
         kind = self.kind
         if kind == "json":
             schema = json.loads(self.json) if isinstance(self.json, str) else self.json
-            return json.dumps(schema, sort_keys=True, separators=(",", ":"))
+            return json.dumps(schema, separators=(",", ":"))
         if kind == "choice":
             return json.dumps(self.choice)
         if kind == "json_object":

@@ -186,11 +186,13 @@ class AsyncLLM:
         )
         return {"prompt": text, "prompt_token_ids": ids}
 
-    async def apply_chat_template_async(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
-        """:meth:`apply_chat_template` on a worker thread."""
+    async def apply_chat_template_async(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
+        """:meth:`apply_chat_template` on a worker thread (``tools``: for the template)."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
-            self._tokenizer_pool, self.input_processor.apply_chat_template, messages
+            self._tokenizer_pool, self.input_processor.apply_chat_template, messages, tools
         )
 
     # ---- requests ------------------------------------------------------------------

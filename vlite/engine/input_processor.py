@@ -90,8 +90,11 @@ class InputProcessor:
         )
         return core_request, text
 
-    def apply_chat_template(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
-        """A prompt dict (text and token ids) for a conversation, ready for a reply.
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
+        """A prompt dict (text and token ids) for a conversation, ready for a reply
+        (``tools``: OpenAI-style tool definitions, for templates that show them).
 
         Raises:
             InvalidRequestError: the tokenizer has no chat template, or the messages do not
@@ -103,7 +106,7 @@ class InputProcessor:
             )
         try:
             text = self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=False
+                messages, tools=tools, add_generation_prompt=True, tokenize=False
             )
         except Exception as exc:  # jinja2 errors: the template rejected these messages
             raise InvalidRequestError(

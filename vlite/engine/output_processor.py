@@ -227,7 +227,8 @@ class OutputProcessor:
 
 def _tokens_to_detokenize(output: EngineCoreOutput) -> list[int]:
     """The new tokens whose text is shown: a stopping token (EOS or a stop token id) is not."""
-    if output.finish_reason == RequestStatus.FINISHED_STOPPED.finish_reason:
+    stopped = output.finish_reason == RequestStatus.FINISHED_STOPPED.finish_reason
+    if stopped and not output.shows_last_token:
         return output.new_token_ids[:-1]
     return output.new_token_ids
 

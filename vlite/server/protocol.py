@@ -52,6 +52,24 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(BaseModel):
+    """``response_format.json_schema``: OpenAI's named schema."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    name: str = "response"
+    description: str | None = None
+    json_schema: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's ``response_format``: plain text, any JSON object, or a JSON schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class SamplingRequest(BaseModel):
     """The sampling fields completions and chat share (OpenAI's, plus vLLM's extras).
 
@@ -79,13 +97,19 @@ class SamplingRequest(BaseModel):
     min_p: float | None = None  # vLLM extension
     min_tokens: Int32 | None = None  # vLLM extension
     user: str | None = None  # accepted and ignored
+    #: Token id (as a string, OpenAI's shape) -> a bias in [-100, 100] added to its logit.
+    logit_bias: dict[str, float] | None = None
+    response_format: ResponseFormat | None = None
+    #: vLLM's extra-body constraint: exactly one of json, json_object, regex, choice,
+    #: grammar (and optionally backend).
+    structured_outputs: dict[str, Any] | None = None
+    allowed_token_ids: list[Int32] | None = None  # vLLM extension
+    bad_words: list[str] | None = None  # vLLM extension
     # Known OpenAI features this server does not implement: rejected unless left unset.
     best_of: Int32 | None = None
     echo: bool | None = None
     suffix: str | None = None
-    logit_bias: dict[str, float] | None = None
     tools: list[Any] | None = None
-    response_format: Any = None
 
     @property
     def include_usage(self) -> bool:
@@ -108,10 +132,35 @@ class ChatMessage(BaseModel):
     content: str | list[dict[str, Any]] | None = None
 
 
+class FunctionDefinition(BaseModel):
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+
+
+class ChatTool(BaseModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    """``tool_choice={"type": "function", "function": {"name": ...}}``: call this one."""
+
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
 class ChatCompletionRequest(SamplingRequest):
     """``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[ChatTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
     max_completion_tokens: Int32 | None = None
     #: Return each content token's log-probability ...
     logprobs: bool = False
@@ -171,9 +220,22 @@ class CompletionResponse(BaseModel):
     usage: UsageInfo | None = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    #: The arguments as JSON text (OpenAI's shape: a string, not an object).
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    id: str = Field(default_factory=lambda: random_id("call"))
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -193,9 +255,22 @@ class ChatCompletionResponse(BaseModel):
     usage: UsageInfo
 
 
+class DeltaFunctionCall(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(BaseModel):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall
+
+
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatStreamChoice(BaseModel):

@@ -15,9 +15,11 @@ from pydantic import BaseModel
 
 from vlite.core.outputs import CompletionOutput, PositionLogprobs, RequestOutput, RequestOutputKind
 from vlite.core.sampling_params import SAMPLING_PARAM_NAMES, SamplingParams
+from vlite.core.structured_output_params import StructuredOutputsParams
 from vlite.engine.async_llm import AsyncLLM
 from vlite.engine.input_processor import Prompt
 from vlite.server.errors import OpenAIError, from_exception, shorten
+from vlite.server.output_constraints import logit_bias_of, request_constraint
 from vlite.server.protocol import SamplingRequest, UsageInfo, random_id
 from vlite.server.settings import ServerSettings
 
@@ -28,14 +30,24 @@ UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
     "echo": (None, False),
     "suffix": (None, ""),
-    "logit_bias": (None, {}),
     "tools": (None, []),
-    "response_format": (None, {"type": "text"}),
 }
-# Request fields passed to SamplingParams as they are (the rest are set from the
-# request's own fields: max_tokens, ignore_eos and the two shapes of logprobs).
+# Request fields passed to SamplingParams as they are (the rest are set from the request's
+# own fields: max_tokens, ignore_eos, the two shapes of logprobs, and the constraints of
+# vlite.server.output_constraints; bad_words_token_ids and extra_args are not API fields).
 _SAMPLING_FIELDS = tuple(
-    name for name in SAMPLING_PARAM_NAMES if name not in ("max_tokens", "ignore_eos", "logprobs")
+    name
+    for name in SAMPLING_PARAM_NAMES
+    if name
+    not in (
+        "max_tokens",
+        "ignore_eos",
+        "logprobs",
+        "structured_outputs",
+        "logit_bias",
+        "bad_words_token_ids",
+        "extra_args",
+    )
 )
 
 DONE = "data: [DONE]\n\n"
@@ -62,6 +74,8 @@ class OpenAIServing:
 
     #: The prefix of the endpoint's response ids (``cmpl``, ``chatcmpl``).
     id_prefix = ""
+    #: Request fields this endpoint does not implement (see :data:`UNSUPPORTED_FIELDS`).
+    unsupported_fields = UNSUPPORTED_FIELDS
 
     def __init__(
         self, engine: AsyncLLM, served_model_name: str, settings: ServerSettings | None = None
@@ -81,7 +95,7 @@ class OpenAIServing:
                 status=404,
                 param="model",
             )
-        for name, unset_values in UNSUPPORTED_FIELDS.items():
+        for name, unset_values in self.unsupported_fields.items():
             value = getattr(request, name)
             if not any(value == unset for unset in unset_values):
                 raise OpenAIError(
@@ -141,14 +155,34 @@ class OpenAIServing:
             )
 
     def sampling_params(
-        self, request: SamplingRequest, max_tokens: int, logprobs: int | None = None
+        self,
+        request: SamplingRequest,
+        max_tokens: int,
+        logprobs: int | None = None,
+        constraint: StructuredOutputsParams | None = None,
     ) -> SamplingParams:
-        """The request's SamplingParams; invalid values become a 400 naming the field."""
+        """The request's SamplingParams; invalid values become a 400 naming the field.
+
+        ``constraint``: the endpoint's own output constraint (a chat request's forced tool
+        call), which may not be combined with ``response_format``/``structured_outputs``.
+        """
         given = {name: getattr(request, name) for name in _SAMPLING_FIELDS}
         options = {name: value for name, value in given.items() if value is not None}
+        structured = request_constraint(request)
+        if constraint is not None and structured is not None:
+            raise OpenAIError(
+                "a forced tool call (tool_choice) already constrains the output; leave "
+                "response_format and structured_outputs unset",
+                param="tool_choice",
+            )
         try:
             return SamplingParams(
-                max_tokens=max_tokens, ignore_eos=request.ignore_eos, logprobs=logprobs, **options
+                max_tokens=max_tokens,
+                ignore_eos=request.ignore_eos,
+                logprobs=logprobs,
+                structured_outputs=constraint or structured,
+                logit_bias=logit_bias_of(request),
+                **options,
             )
         except ValueError as exc:
             raise from_exception(exc) from None

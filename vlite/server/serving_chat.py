@@ -13,6 +13,7 @@ from vlite.core.outputs import CompletionOutput, PositionLogprobs
 from vlite.core.sampling_params import MAX_LOGPROBS
 from vlite.server.errors import OpenAIError
 from vlite.server.logprobs import chat_logprobs
+from vlite.server.output_constraints import ToolPlan, tool_plan
 from vlite.server.protocol import (
     ChatChoice,
     ChatCompletionChunk,
@@ -22,24 +23,36 @@ from vlite.server.protocol import (
     ChatMessage,
     ChatResponseMessage,
     ChatStreamChoice,
+    DeltaFunctionCall,
     DeltaMessage,
+    DeltaToolCall,
+    FunctionCall,
+    ToolCall,
     UsageInfo,
 )
-from vlite.server.serving import Choice, OpenAIServing
+from vlite.server.serving import UNSUPPORTED_FIELDS, Choice, OpenAIServing
 
 
 class ChatServing(OpenAIServing):
-    """Serves the chat completions API with the model's chat template."""
+    """Serves the chat completions API with the model's chat template.
+
+    With ``tools`` and a forced ``tool_choice`` the output is constrained to the call(s)
+    and the reply carries ``message.tool_calls`` (see
+    :mod:`vlite.server.output_constraints`); streamed, a named function's arguments arrive
+    as they are generated, ``"required"``'s calls once the list is complete.
+    """
 
     id_prefix = "chatcmpl"
+    unsupported_fields = {k: v for k, v in UNSUPPORTED_FIELDS.items() if k != "tools"}
 
     async def create(self, request: ChatCompletionRequest, raw_request: Request) -> Response:
         self.check_request(request)
         num_top = _num_top_logprobs(request)
+        plan = tool_plan(request)
         messages = _template_messages(request.messages)
         self.check_prompt_chars(sum(len(m["content"]) for m in messages), "messages")
         try:
-            prompt = await self.engine.apply_chat_template_async(messages)
+            prompt = await self.engine.apply_chat_template_async(messages, plan.tools)
         except InvalidRequestError as exc:
             raise OpenAIError(str(exc), param="messages") from None
         num_prompt_tokens = len(prompt["prompt_token_ids"])
@@ -47,7 +60,9 @@ class ChatServing(OpenAIServing):
         self.check_length(num_prompt_tokens, max_tokens, "messages")
         if max_tokens is None:
             max_tokens = self.default_max_tokens(num_prompt_tokens)
-        params = self.sampling_params(request, max_tokens, logprobs=num_top)
+        params = self.sampling_params(
+            request, max_tokens, logprobs=num_top, constraint=plan.constraint
+        )
         return await self.serve(request, raw_request, prompt, params)
 
     def response(
@@ -58,19 +73,11 @@ class ChatServing(OpenAIServing):
         total: UsageInfo,
     ) -> ChatCompletionResponse:
         num_top = _num_top_logprobs(request)
+        plan = tool_plan(request)
         return ChatCompletionResponse(
             id=request_id,
             model=self.served_model_name,
-            choices=[
-                ChatChoice(
-                    index=choice.index,
-                    message=ChatResponseMessage(content=choice.text),
-                    logprobs=_logprobs(num_top, choice.token_ids, choice.logprobs),
-                    finish_reason=choice.finish_reason,
-                    stop_reason=choice.stop_reason,
-                )
-                for choice in choices
-            ],
+            choices=[_chat_choice(choice, plan, num_top) for choice in choices],
             usage=total,
         )
 
@@ -86,7 +93,12 @@ class ChatServing(OpenAIServing):
         completion: CompletionOutput,
         state: dict[int, Any],
     ) -> Iterator[dict[str, Any]]:
-        """A content delta (with its logprobs, if asked), and the choice's finish reason."""
+        """A content delta (with its logprobs, if asked), and the choice's finish reason;
+        with a forced tool call, tool-call deltas instead of content."""
+        plan = state.get("plan") or state.setdefault("plan", tool_plan(request))
+        if plan.calls_tools:
+            yield from self._tool_call_events(request_id, plan, completion, state)
+            return
         logprobs = _logprobs(
             _num_top_logprobs(request), completion.token_ids, completion.logprobs or []
         )
@@ -97,6 +109,36 @@ class ChatServing(OpenAIServing):
             yield self._chunk(
                 request_id, completion.index, DeltaMessage(), completion.finish_reason
             )
+
+    def _tool_call_events(
+        self, request_id: str, plan: ToolPlan, completion: CompletionOutput, state: dict
+    ) -> Iterator[dict[str, Any]]:
+        """A named function: its name once, then argument deltas as they come. Required
+        calls: the text is kept until the list is complete, then one delta per call. An
+        output that does not parse (cut by ``max_tokens``) ends as plain content."""
+        index = completion.index
+        texts = state.setdefault(("text", index), [])
+        texts.append(completion.text)
+        if plan.mode == "named":
+            if ("opened", index) not in state:
+                state["opened", index] = True
+                call = ToolCall(function=FunctionCall(name=plan.function_name, arguments=""))
+                yield self._chunk(request_id, index, _call_delta(0, call))
+            if completion.text:
+                arguments = DeltaToolCall(
+                    index=0, function=DeltaFunctionCall(arguments=completion.text)
+                )
+                yield self._chunk(request_id, index, DeltaMessage(tool_calls=[arguments]))
+        if not completion.finished:
+            return
+        calls = plan.tool_calls("".join(texts))
+        if plan.mode == "required":
+            if calls is None:
+                yield self._chunk(request_id, index, DeltaMessage(content="".join(texts)))
+            for position, call in enumerate(calls or []):
+                yield self._chunk(request_id, index, _call_delta(position, call))
+        reason = _finish_reason(completion.finish_reason, calls)
+        yield self._chunk(request_id, index, DeltaMessage(), reason)
 
     def usage_event(self, request_id: str, total: UsageInfo) -> dict[str, Any]:
         chunk = ChatCompletionChunk(
@@ -120,6 +162,39 @@ class ChatServing(OpenAIServing):
         # OpenAI sends only the delta's present keys, but null finish_reason and logprobs.
         payload["choices"][0]["delta"] = delta.model_dump(exclude_none=True)
         return payload
+
+
+def _chat_choice(choice: Choice, plan: ToolPlan, num_top: int | None) -> ChatChoice:
+    """A whole reply: its text, or the tool calls parsed from it."""
+    calls = plan.tool_calls(choice.text) if plan.calls_tools else None
+    message = (
+        ChatResponseMessage(content=None, tool_calls=calls)
+        if calls is not None
+        else ChatResponseMessage(content=choice.text)
+    )
+    return ChatChoice(
+        index=choice.index,
+        message=message,
+        logprobs=_logprobs(num_top, choice.token_ids, choice.logprobs),
+        finish_reason=_finish_reason(choice.finish_reason, calls),
+        stop_reason=choice.stop_reason,
+    )
+
+
+def _finish_reason(reason: str | None, calls: list[ToolCall] | None) -> str | None:
+    """OpenAI's ``"tool_calls"`` for a reply that is tool calls."""
+    return "tool_calls" if calls is not None and reason == "stop" else reason
+
+
+def _call_delta(position: int, call: ToolCall) -> DeltaMessage:
+    """The delta that opens tool call ``position`` (its id, name and arguments so far)."""
+    delta = DeltaToolCall(
+        index=position,
+        id=call.id,
+        type="function",
+        function=DeltaFunctionCall(name=call.function.name, arguments=call.function.arguments),
+    )
+    return DeltaMessage(tool_calls=[delta])
 
 
 def _num_top_logprobs(request: ChatCompletionRequest) -> int | None:

@@ -1,7 +1,10 @@
 """The ``xgrammar`` structured-output backend (the default).
 
-JSON schemas compile to compact JSON (no whitespace between tokens, so a small model cannot
-wander into endless whitespace; ``strict_mode``: no properties the schema does not list);
+JSON schemas compile to compact JSON (one space after ``:`` and ``,``, none elsewhere, so a
+small model cannot wander into endless whitespace; ``strict_mode``: no properties the schema
+does not list). xgrammar's rule for a string with ``minLength``/``maxLength`` lets raw
+control characters through (invalid JSON); such strings are given the equivalent
+``pattern`` without them (:func:`strict_bounded_strings`), which xgrammar honours;
 ``json_object`` is the schema ``{"type": "object"}``; ``choice`` becomes a grammar of the
 alternatives; ``grammar`` is xgrammar's EBNF (GBNF: ``root ::= ...``). xgrammar's compiler
 caches its own work too, and releases the GIL while compiling.
@@ -23,6 +26,22 @@ NAME = "xgrammar"
 COMPILER_THREADS = 2
 
 
+def strict_bounded_strings(schema: Any) -> Any:
+    """``schema`` with every length-bounded string (without a ``pattern`` or ``format``)
+    given the pattern of as many JSON-safe characters: no control characters, quotes or
+    backslashes (xgrammar's bounded strings allow no escapes either)."""
+    if isinstance(schema, list):
+        return [strict_bounded_strings(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    schema = {key: strict_bounded_strings(value) for key, value in schema.items()}
+    bounded = "minLength" in schema or "maxLength" in schema
+    if schema.get("type") == "string" and bounded and not {"pattern", "format"} & set(schema):
+        low, high = schema.pop("minLength", 0), schema.pop("maxLength", "")
+        schema["pattern"] = f'^[^\\x00-\\x1f"\\\\]{{{low},{high}}}$'
+    return schema
+
+
 def choice_ebnf(choices: list[str]) -> str:
     """An EBNF grammar accepting exactly one of ``choices``."""
     return "root ::= " + " | ".join(json.dumps(choice, ensure_ascii=False) for choice in choices)
@@ -32,8 +51,10 @@ def _grammar(xgr: Any, params: StructuredOutputsParams) -> Any:
     """The tokenizer-free grammar of ``params`` (what :meth:`validate` builds)."""
     kind = params.kind
     if kind in ("json", "json_object"):
-        schema = params.spec if kind == "json" else '{"type": "object"}'
-        return xgr.Grammar.from_json_schema(schema, any_whitespace=False)
+        schema = {"type": "object"}
+        if kind == "json":
+            schema = strict_bounded_strings(json.loads(params.spec))
+        return xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
     if kind == "regex":
         return xgr.Grammar.from_regex(params.regex)
     if kind == "choice":
