@@ -1,0 +1,38 @@
+"""Running a conformance suite in process, to check what it catches (seeded-bug tests).
+
+A seeded-bug test writes a plugin author's test module (a subclass of a suite naming a
+deliberately broken plugin) with pytest's ``pytester`` fixture and runs it in this process;
+:func:`run_suite_outcomes` returns each test's outcome. Import the modules the inner run
+needs (the broken plugins, torch, grammar libraries) before the first run: an in-process
+run drops the modules it imported, and importing an extension module a second time can
+crash the process.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def run_suite_outcomes(pytester: Any, plugin_dir: Path, module_text: str) -> dict[str, str]:
+    """Test name (with parameters) -> ``"passed"``, ``"failed"`` or ``"skipped"``.
+
+    Args:
+        pytester: pytest's ``pytester`` fixture.
+        plugin_dir: a folder put on ``sys.path`` for the run (where the broken plugins are).
+        module_text: the test module to write and run.
+    """
+    pytester.syspathinsert(plugin_dir)
+    pytester.makepyfile(test_suite_run=module_text)
+    recorder = pytester.inline_run("-p", "no:cacheprovider")
+    outcomes: dict[str, str] = {}
+    for report in recorder.getreports("pytest_runtest_logreport"):
+        test_name = report.nodeid.split("::")[-1]
+        if report.failed:
+            outcomes[test_name] = "failed"
+        elif report.skipped:
+            outcomes[test_name] = "skipped"
+        else:
+            outcomes.setdefault(test_name, "passed")
+    assert outcomes, "no test ran"
+    return outcomes
