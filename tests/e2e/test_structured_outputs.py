@@ -125,9 +125,15 @@ def greedy_texts(llm: LLM, backend: str) -> list[str]:
     "settings",
     [
         dict(enable_chunked_prefill=True, max_num_batched_tokens=16, num_kv_blocks=12),
+        dict(
+            scheduler="priority",
+            enable_chunked_prefill=True,
+            max_num_batched_tokens=16,
+            num_kv_blocks=12,
+        ),
         dict(async_scheduling=True),
     ],
-    ids=["chunked-prefill-preemption", "async-scheduling"],
+    ids=["chunked-prefill-preemption", "priority-chunks-preemption", "async-scheduling"],
 )
 def test_the_same_outputs_with_chunks_preemption_and_async_scheduling(llm, tiny_llama, settings):
     other = LLM(model=tiny_llama, block_size=16, **settings)
@@ -168,3 +174,75 @@ def test_a_constraint_that_cannot_compile_is_refused_before_the_engine(llm, back
     with pytest.raises(InvalidRequestError, match="backend 'nope'"):
         llm.generate(["x"], constrained("nope", regex="a"), use_tqdm=False)
     assert not llm.llm_engine.has_unfinished_requests()
+
+
+# ---- the default model: the mask takes nothing the grammar allows ----------------------------
+
+NATURAL_PROMPTS = [
+    "The capital of France is",
+    "Write a haiku about the sea:",
+    "def fibonacci(n):",
+    "Translate to German: good morning",
+]
+
+
+@pytest.fixture(scope="module")
+def default_llm() -> LLM:
+    llm = LLM(max_model_len=512)
+    yield llm
+    llm.llm_engine.shutdown()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_greedy_under_a_permissive_grammar_equals_unconstrained_greedy(default_llm, backend):
+    plain = default_llm.generate(
+        NATURAL_PROMPTS, SamplingParams(max_tokens=40, temperature=0.0), use_tqdm=False
+    )
+    anything = constrained(backend, max_tokens=40, regex=r"[\s\S]*")
+
+    outputs = default_llm.generate(NATURAL_PROMPTS, anything, use_tqdm=False)
+
+    assert [o.outputs[0].token_ids for o in outputs] == [o.outputs[0].token_ids for o in plain]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_constrained_token_differs_from_the_argmax_only_where_the_argmax_is_forbidden(
+    default_llm, backend
+):
+    """Replays each output in a fresh matcher: wherever the sampled token is not the raw
+    argmax (``logprobs`` are taken before any mask), the argmax was not allowed there."""
+    from vlite.core.structured_output import allocate_bitmask, allowed_tokens
+    from vlite.core.structured_output_params import StructuredOutputsParams
+
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 16}, "sunny": {"type": "boolean"}},
+        "required": ["city", "sunny"],
+    }
+    params = SamplingParams(
+        max_tokens=60, temperature=0.0, logprobs=1,
+        structured_outputs={"json": schema, "backend": backend},
+    )  # fmt: skip
+    outputs = default_llm.generate(NATURAL_PROMPTS, params, use_tqdm=False)
+    engine_core = default_llm.llm_engine.engine_core
+    vocab_size = engine_core.model_spec.vocab_size
+    backend_cls = engine_core.registry.get("structured_output_backend", backend)
+    compiled = backend_cls(default_llm.get_tokenizer(), vocab_size).compile(
+        StructuredOutputsParams(json=schema)
+    )
+    num_differing = 0
+    for output in outputs:
+        completion = output.outputs[0]
+        matcher = compiled.new_matcher()
+        for token_id, position in zip(completion.token_ids, completion.logprobs):
+            argmax = min(position, key=lambda t: position[t].rank)
+            if argmax != token_id:
+                num_differing += 1
+                bitmask = allocate_bitmask(1, vocab_size)
+                matcher.fill_bitmask(bitmask, 0)
+                assert not allowed_tokens(bitmask[0], vocab_size)[argmax], (
+                    f"the grammar allowed the argmax {argmax}, yet {token_id} was sampled"
+                )
+            assert matcher.accept_token(token_id)
+        jsonschema.validate(json.loads(completion.text), schema)
+    assert num_differing > 0  # the grammar did steer the model
