@@ -147,8 +147,13 @@ def test_the_same_outputs_with_chunks_preemption_and_async_scheduling(llm, tiny_
     assert texts == greedy_texts(llm, "xgrammar")
 
 
-def test_tensor_parallel_ranks_apply_the_same_masks(llm, tiny_llama):
-    other = LLM(model=tiny_llama, executor="multiproc", tensor_parallel_size=2, cpu_threads=1)
+@pytest.mark.parametrize(
+    "settings",
+    [dict(tensor_parallel_size=2), dict(pipeline_parallel_size=2)],
+    ids=["tp2", "pp2"],
+)
+def test_tensor_and_pipeline_parallel_ranks_apply_the_same_masks(llm, tiny_llama, settings):
+    other = LLM(model=tiny_llama, executor="multiproc", cpu_threads=1, **settings)
     try:
         texts = greedy_texts(other, "llguidance")
     finally:
