@@ -16,12 +16,14 @@ import pytest
 import vlite
 from vlite import LLM, SamplingParams
 from vlite.core import hookspecs
+from vlite.core.logits_processor import LogitsProcessor
 from vlite.core.plugins import PLUGIN_KINDS, PluginRegistry, build_plugin_manager
 from vlite.models.llama import LlamaForCausalLM
 from vlite.plugins.attention.torch_ref import TorchAttentionBackend
 from vlite.plugins.executors.uniproc import UniprocExecutor
 from vlite.plugins.samplers.default import DefaultSampler
 from vlite.plugins.schedulers.fcfs import FcfsPolicy
+from vlite.plugins.structured_outputs.xgrammar_backend import XGrammarBackend
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "plugins.md"
 HOOKSPECS = {
@@ -36,6 +38,8 @@ INTERFACES = {
     "sampler": "Sampler",
     "executor": "Executor",
     "model": "CausalLM",
+    "structured_output_backend": "StructuredOutputBackend",
+    "logits_processor": "LogitsProcessor",
 }
 
 
@@ -130,8 +134,50 @@ class RecordingLlama(LlamaForCausalLM):
         return super().forward(*args, **kwargs)
 
 
+class RecordingMatcher:
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def fill_bitmask(self, bitmask, row):
+        CALLS["structured_output_backend.fill_bitmask"] += 1
+        self.inner.fill_bitmask(bitmask, row)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+class RecordingStructuredOutputBackend(XGrammarBackend):
+    def compile(self, params):
+        inner = super().compile(params)
+
+        class Compiled:
+            def new_matcher(self):
+                return RecordingMatcher(inner.new_matcher())
+
+        return Compiled()
+
+
+class RecordingLogitsProcessor(LogitsProcessor):
+    def update_state(self, batch_update):
+        pass
+
+    def apply(self, logits):
+        CALLS["logits_processor.apply"] += 1
+        return logits
+
+
 class RecordingPlugin:
     """Implements every registration hook, counting calls."""
+
+    @vlite.hookimpl
+    def register_structured_output_backends(self, register):
+        CALLS["register_structured_output_backends"] += 1
+        register("recording", RecordingStructuredOutputBackend)
+
+    @vlite.hookimpl
+    def register_logits_processors(self, register):
+        CALLS["register_logits_processors"] += 1
+        register("recording", RecordingLogitsProcessor)
 
     @vlite.hookimpl
     def register_schedulers(self, register):
@@ -176,7 +222,10 @@ def test_registration_hooks_are_called_and_the_engine_uses_what_they_register(ti
         sampler="recording",
         executor="recording",
     )
-    params = SamplingParams(max_tokens=3, temperature=0.5, seed=1, ignore_eos=True)
+    constraint = {"regex": "[a-z ]*", "backend": "recording"}
+    params = SamplingParams(
+        max_tokens=3, temperature=0.5, seed=1, ignore_eos=True, structured_outputs=constraint
+    )
     outputs = llm.generate(["Hello"], params, use_tqdm=False)
     assert len(outputs[0].outputs[0].token_ids) == 3
     for kind in PLUGIN_KINDS:

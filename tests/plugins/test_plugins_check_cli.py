@@ -5,6 +5,7 @@ from __future__ import annotations
 from click.testing import CliRunner
 
 from vlite.cli.main import cli
+from vlite.testing.suite_runs import check_table_rows as table_rows
 
 TOP_K_IGNORING_SAMPLER = """
 import dataclasses
@@ -26,19 +27,6 @@ def register_samplers(register):
 
 def check(*args: str):
     return CliRunner().invoke(cli, ["plugins", "check", *args])
-
-
-def table_rows(stdout: str) -> dict[str, str]:
-    """Test name -> RESULT, from the table under the ``TEST`` header."""
-    lines = stdout.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("TEST "))
-    rows = {}
-    for line in lines[start + 1 :]:
-        if line.startswith(("PASS:", "FAIL:")):
-            break
-        name, result = line.split()[:2]
-        rows[name] = result
-    return rows
 
 
 def test_check_passes_a_builtin_and_prints_the_table():

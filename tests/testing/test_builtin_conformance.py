@@ -16,8 +16,10 @@ from vlite.core.plugins import PLUGIN_KINDS, PluginRegistry, build_plugin_manage
 from vlite.testing import (
     AttentionBackendConformance,
     ExecutorConformance,
+    LogitsProcessorConformance,
     SamplerConformance,
     SchedulerConformance,
+    StructuredOutputBackendConformance,
 )
 from vlite.testing.conformance import CONFORMANCE_SUITES
 
@@ -90,6 +92,27 @@ class TestBuiltinExecutors(ExecutorConformance):
             yield request.param
 
 
+class TestBuiltinStructuredOutputBackends(StructuredOutputBackendConformance):
+    load_entry_points = False
+
+    @pytest.fixture(scope="class", params=builtin_names("structured_output_backend"))
+    @classmethod
+    def conformance_plugin_name(cls, request) -> str:
+        return request.param
+
+
+class TestBuiltinLogitsProcessors(LogitsProcessorConformance):
+    """With each processor's own examples (``tests/plugins/logits_processors`` also runs
+    each with the other built-ins' requests as ones it must leave alone)."""
+
+    load_entry_points = False
+
+    @pytest.fixture(scope="class", params=builtin_names("logits_processor"))
+    @classmethod
+    def conformance_plugin_name(cls, request) -> str:
+        return request.param
+
+
 TESTED_KINDS = {
     cls.plugin_kind
     for cls in (
@@ -97,6 +120,8 @@ TESTED_KINDS = {
         TestBuiltinAttentionBackends,
         TestBuiltinSamplers,
         TestBuiltinExecutors,
+        TestBuiltinStructuredOutputBackends,
+        TestBuiltinLogitsProcessors,
     )
 }
 

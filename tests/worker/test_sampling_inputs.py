@@ -1,4 +1,4 @@
-"""The model runner's sampling inputs: metadata flags and the min-tokens stop-token mask."""
+"""The model runner's sampling inputs: metadata flags and per-row values."""
 
 from __future__ import annotations
 
@@ -6,16 +6,14 @@ import torch
 
 from vlite.core.sampling_params import SamplingParams
 from vlite.worker.input_batch import CachedRequestState
-from vlite.worker.sampling_inputs import build_sampling_metadata, min_tokens_mask
+from vlite.worker.sampling_inputs import build_sampling_metadata
 
 CPU = torch.device("cpu")
 
 
-def state(params: SamplingParams, num_output: int = 0, stop_ids=()) -> CachedRequestState:
+def state(params: SamplingParams, num_output: int = 0) -> CachedRequestState:
     prompt = [1, 2, 3]
-    return CachedRequestState(
-        "r", prompt + [4] * num_output, params, [], 0, len(prompt), None, list(stop_ids)
-    )
+    return CachedRequestState("r", prompt + [4] * num_output, params, [], 0, len(prompt))
 
 
 def test_unused_features_build_nothing():
@@ -44,17 +42,3 @@ def test_min_p_on_greedy_rows_only_is_left_out():
     metadata = build_sampling_metadata([state(SamplingParams(temperature=0, min_p=0.5))], CPU, 10)
 
     assert metadata.min_p is None
-
-
-def test_min_tokens_mask_covers_rows_short_of_min_tokens_only():
-    states = [
-        state(SamplingParams(min_tokens=3), num_output=2, stop_ids=[7, 9]),
-        state(SamplingParams(min_tokens=3), num_output=3, stop_ids=[7]),
-        state(SamplingParams(), stop_ids=[]),
-        state(SamplingParams(min_tokens=5), num_output=0, stop_ids=[5, 99]),  # 99: not a token
-    ]
-
-    rows, token_ids = min_tokens_mask(states, CPU, vocab_size=10)
-
-    assert list(zip(rows.tolist(), token_ids.tolist())) == [(0, 7), (0, 9), (3, 5)]
-    assert min_tokens_mask(states[1:3], CPU, vocab_size=10) is None

@@ -46,12 +46,15 @@ class AddedRequest:
         token_ids: its tokens, prompt first, then its output: a live list that the model
             runner extends as tokens are sampled (read it, never change it).
         num_prompt_tokens: how many of ``token_ids`` are the prompt.
+        eos_token_id: the tokenizer's end-of-sequence token (``None``: it has none), which
+            ends the request unless ``params.ignore_eos``.
     """
 
     request_id: str
     params: SamplingParams
     token_ids: list[int]
     num_prompt_tokens: int
+    eos_token_id: int | None = None
 
     @property
     def num_output_tokens(self) -> int:
@@ -61,6 +64,10 @@ class AddedRequest:
 @dataclass(frozen=True)
 class BatchUpdate:
     """What changed since the previous step, and this step's rows.
+
+    Apply ``removed`` before ``added``: an id in both is a request that finished and a new
+    one that took its id. An id appears at most once in ``added``; ``removed`` may name
+    requests the processor never saw (ignore those).
 
     Attributes:
         added: requests seen for the first time since the previous call.

@@ -11,7 +11,10 @@ the plugin::
 - :class:`SchedulerConformance`: limits, completion, preemption, block leaks, abort, tokens;
 - :class:`AttentionBackendConformance`: dense reference on random shapes, end-to-end tokens;
 - :class:`SamplerConformance`: greedy, seeds, top-k/top-p/temperature, shapes and dtypes;
-- :class:`ExecutorConformance`: tokens equal ``uniproc``'s, shutdown, crashed workers.
+- :class:`ExecutorConformance`: tokens equal ``uniproc``'s, shutdown, crashed workers;
+- :class:`StructuredOutputBackendConformance`: the structured-output backend contract;
+- :class:`LogitsProcessorConformance`: untouched rows, batch invariance, state that
+  follows the batch, no tensor work for steps that do not use it.
 
 They need pytest, so they are imported lazily: ``vlite.testing.tiny_models`` and the other
 helpers work without it. Under pytest, the suites' modules are registered for pytest's
@@ -35,6 +38,8 @@ _LAZY = {
     "AttentionBackendConformance": "vlite.testing.conformance.attention",
     "SamplerConformance": "vlite.testing.conformance.sampler",
     "ExecutorConformance": "vlite.testing.conformance.executor",
+    "StructuredOutputBackendConformance": "vlite.testing.conformance.structured_output",
+    "LogitsProcessorConformance": "vlite.testing.conformance.logits_processor",
     "CONFORMANCE_SUITES": "vlite.testing.conformance",
     "make_tiny_model": "vlite.testing.tiny_models",
 }

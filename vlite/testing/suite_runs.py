@@ -1,4 +1,5 @@
-"""Running a conformance suite in process, to check what it catches (seeded-bug tests).
+"""Running a conformance suite in process, to check what it catches (seeded-bug tests),
+and reading ``vlite plugins check``'s table.
 
 A seeded-bug test writes a plugin author's test module (a subclass of a suite naming a
 deliberately broken plugin) with pytest's ``pytester`` fixture and runs it in this process;
@@ -36,3 +37,16 @@ def run_suite_outcomes(pytester: Any, plugin_dir: Path, module_text: str) -> dic
             outcomes.setdefault(test_name, "passed")
     assert outcomes, "no test ran"
     return outcomes
+
+
+def check_table_rows(stdout: str) -> dict[str, str]:
+    """Test name -> RESULT, from the table ``vlite plugins check`` prints under ``TEST``."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("TEST "))
+    rows = {}
+    for line in lines[start + 1 :]:
+        if line.startswith(("PASS:", "FAIL:")):
+            break
+        name, result = line.split()[:2]
+        rows[name] = result
+    return rows

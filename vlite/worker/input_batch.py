@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -16,11 +16,10 @@ class CachedRequestState:
     """What a worker remembers about a request between steps.
 
     ``token_ids`` are all known tokens (prompt and sampled); the worker appends the
-    tokens it samples itself, so the scheduler only sends counters and new blocks.
-    ``min_tokens_stop_ids`` are the token ids masked out while fewer than
-    ``sampling_params.min_tokens`` output tokens exist (EOS and ``stop_token_ids``).
-    ``has_sampling_extras``: the request uses min-p, a penalty, logprobs or min_tokens,
-    so a step whose rows all lack it skips building their inputs with one check.
+    tokens it samples itself, so the scheduler only sends counters and new blocks (the
+    list is never replaced: logits processors hold it, see ``AddedRequest.token_ids``).
+    ``has_sampling_extras``: the request uses min-p, a penalty or logprobs, so a step
+    whose rows all lack it skips building their inputs with one check.
     ``uses_long_rope``: with LongRoPE, the request's cached keys were computed with the
     long factors (see :class:`~vlite.worker.model_runner.ModelRunner`).
     """
@@ -32,7 +31,6 @@ class CachedRequestState:
     num_computed_tokens: int
     num_prompt_tokens: int
     generator: torch.Generator | None = None
-    min_tokens_stop_ids: list[int] = field(default_factory=list)
     has_sampling_extras: bool = False
     uses_long_rope: bool = False
 

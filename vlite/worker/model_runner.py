@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import torch
 
+from vlite.core.logits_processor import AddedRequest
 from vlite.core.outputs import GrammarBitmask, ModelRunnerOutput, NewRequestData, SchedulerOutput
 from vlite.core.sampler import Sampler
 from vlite.distributed.pipeline import SINGLE_STAGE, PipelineParallelGroup
 from vlite.worker.grammar_mask import apply_grammar_bitmask
 from vlite.worker.input_batch import CachedRequestState, ModelInputs, prepare_inputs
+from vlite.worker.logits_processors import LogitsProcessorPipeline
 from vlite.worker.logprobs import LogprobsRequest
-from vlite.worker.sampling_inputs import build_sampling_metadata, min_tokens_mask
+from vlite.worker.sampling_inputs import build_sampling_metadata
 
 __all__ = ["ModelRunner", "build_sampling_metadata"]
 
@@ -23,11 +25,21 @@ class ModelRunner:
         sampler: the sampler plugin instance.
         block_size: token slots per KV-cache block.
         device: where inputs are built.
+        logits_processors: run on the sampled rows' logits before the sampler (default:
+            none).
     """
 
-    def __init__(self, model, sampler: Sampler, block_size: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        model,
+        sampler: Sampler,
+        block_size: int,
+        device: torch.device,
+        logits_processors: LogitsProcessorPipeline | None = None,
+    ) -> None:
         self.model = model
         self.sampler = sampler
+        self.logits_processors = logits_processors or LogitsProcessorPipeline([])
         self.block_size = block_size
         self.device = device
         self.kv_caches: list[torch.Tensor] = []
@@ -51,9 +63,19 @@ class ModelRunner:
         """Apply the scheduler's diff to the per-request state."""
         for request_id in scheduler_output.finished_request_ids:
             self.requests.pop(request_id, None)
+            self.logits_processors.remove_request(request_id)
         for new in scheduler_output.new_requests:
             state = self.requests[new.request_id] = self._new_request_state(new)
             self._start_long_rope(state)
+            self.logits_processors.add_request(
+                AddedRequest(
+                    new.request_id,
+                    state.sampling_params,
+                    state.token_ids,  # the live list: processors see sampled tokens
+                    state.num_prompt_tokens,
+                    new.eos_token_id,
+                )
+            )
         for cached in scheduler_output.cached_requests:
             state = self.requests[cached.request_id]
             if cached.is_resumed:
@@ -92,11 +114,6 @@ class ModelRunner:
 
     def _new_request_state(self, new: NewRequestData) -> CachedRequestState:
         params = new.sampling_params
-        stop_ids = []
-        if params.min_tokens:
-            stop_ids = list(params.stop_token_ids)
-            if new.eos_token_id is not None and not params.ignore_eos:
-                stop_ids.append(new.eos_token_id)
         return CachedRequestState(
             request_id=new.request_id,
             token_ids=list(new.token_ids),
@@ -105,9 +122,8 @@ class ModelRunner:
             num_computed_tokens=new.num_computed_tokens,
             num_prompt_tokens=new.num_prompt_tokens,
             generator=_make_generator(params.seed, self.device),
-            min_tokens_stop_ids=stop_ids,
             has_sampling_extras=bool(
-                params.min_p > 0 or params.has_penalties or params.logprobs is not None or stop_ids
+                params.min_p > 0 or params.has_penalties or params.logprobs is not None
             ),
         )
 
@@ -155,26 +171,24 @@ class ModelRunner:
     def sample_tokens(self) -> ModelRunnerOutput:
         """Sample one token for every sequence that reached its end in the last forward."""
         if self._pending is None:
-            return ModelRunnerOutput(sampled_token_ids={})
+            return self._nothing_sampled()
         inputs, logits, grammar_bitmask = self._pending
         self._pending = None
         request_ids = inputs.sampled_request_ids
         if not request_ids:
-            return ModelRunnerOutput(sampled_token_ids={})
+            return self._nothing_sampled()
         states = [self.requests[request_id] for request_id in request_ids]
         vocab_size = logits.shape[-1]
-        # One check keeps a batch that uses no min-p, penalty, logprobs or min_tokens cheap.
+        # One check keeps a batch that uses no min-p, penalty or logprobs cheap.
         has_extras = any(state.has_sampling_extras for state in states)
         metadata = build_sampling_metadata(states, self.device, vocab_size, has_extras)
-        logprobs_request = mask = None
+        logprobs_request = None
         if has_extras:
-            # Raw logprobs: before the stop-token mask and whatever the sampler does.
+            # Raw logprobs: before the logits processors and whatever the sampler does.
             logprobs_request = LogprobsRequest.capture(
                 logits, [state.sampling_params.logprobs for state in states]
             )
-            mask = min_tokens_mask(states, self.device, vocab_size)
-        if mask is not None:
-            logits[mask] = float("-inf")
+        logits = self.logits_processors.apply(logits, request_ids)
         if grammar_bitmask is not None:  # last: the grammar has the final word
             apply_grammar_bitmask(logits, request_ids, grammar_bitmask)
         sampled = self.sampler.sample(logits, metadata)
@@ -190,6 +204,13 @@ class ModelRunner:
                 request_ids[row]: [entry] for row, entry in zip(logprobs_request.rows, entries)
             }
         return output
+
+    def _nothing_sampled(self) -> ModelRunnerOutput:
+        """The output of a step that samples no row; the logits processors still hear of
+        the requests that finished, so that they forget them."""
+        if self.logits_processors.has_pending_changes:
+            self.logits_processors.update_state([])
+        return ModelRunnerOutput(sampled_token_ids={})
 
 
 def _learn_tokens(state: CachedRequestState, start: int, token_ids: list[int]) -> None:

@@ -1,4 +1,4 @@
-"""The per-step sampling inputs of the model runner: SamplingMetadata and min-tokens masks.
+"""The per-step sampling inputs of the model runner: SamplingMetadata.
 
 Built once per step from the sampled rows' request states. A feature no row of the batch
 uses adds nothing but a flag check: its tensors are not built at all.
@@ -89,28 +89,3 @@ def _padded_tensor(rows: list[list[int]], pad_id: int, device: torch.device) -> 
     for index, row in enumerate(rows):
         array[index, : len(row)] = row
     return torch.from_numpy(array).to(device=device, non_blocking=True)
-
-
-def min_tokens_mask(
-    states: list[CachedRequestState], device: torch.device, vocab_size: int
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``(rows, token_ids)``, both ``[m]`` int64: the stop tokens each row may not sample yet.
-
-    A row's EOS and ``stop_token_ids`` are masked while it has fewer than ``min_tokens``
-    output tokens (vLLM's rule); ids outside the vocabulary (a stop token the model cannot
-    produce) are skipped. ``None`` when no row masks anything.
-    """
-    rows: list[int] = []
-    token_ids: list[int] = []
-    for row, state in enumerate(states):
-        stop_ids = state.min_tokens_stop_ids
-        if stop_ids and state.num_output_tokens < state.sampling_params.min_tokens:
-            in_vocab = [token_id for token_id in stop_ids if token_id < vocab_size]
-            rows += [row] * len(in_vocab)
-            token_ids += in_vocab
-    if not rows:
-        return None
-    return (
-        torch.tensor(rows, dtype=torch.int64, device=device),
-        torch.tensor(token_ids, dtype=torch.int64, device=device),
-    )

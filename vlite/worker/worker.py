@@ -21,6 +21,7 @@ from vlite.worker.cpu_threads import (
     resolve_cpu_threads,
     use_cpu_threads,
 )
+from vlite.worker.logits_processors import LogitsProcessorPipeline
 from vlite.worker.model_runner import ModelRunner
 
 _GIB = 1 << 30
@@ -33,7 +34,8 @@ class Worker:
 
     Args:
         config: the engine configuration.
-        registry: the plugin classes (model, attention backend, sampler).
+        registry: the plugin classes (model, attention backend, sampler, logits
+            processors).
         tp_group: the tensor-parallel ranks this worker's model shard belongs to.
         pp_group: this worker's pipeline stage (its layers; only the last stage samples).
         device: the device to use; default ``config.torch_device``.
@@ -103,7 +105,17 @@ class Worker:
             pp_group=self.pp_group,
         )
         sampler = self.registry.get("sampler", self.config.sampler)()
-        self.model_runner = ModelRunner(model, sampler, self.config.block_size, self.device)
+        self.model_runner = ModelRunner(
+            model, sampler, self.config.block_size, self.device, self._logits_processors()
+        )
+
+    def _logits_processors(self) -> LogitsProcessorPipeline:
+        """Every registered logits processor, on the stage that samples (the last)."""
+        if not self.pp_group.is_last:
+            return LogitsProcessorPipeline([])
+        return LogitsProcessorPipeline.from_registry(
+            self.registry, self.config, self.device, self.model_spec.vocab_size
+        )
 
     @property
     def reports_samples(self) -> bool:

@@ -11,4 +11,8 @@ CONFORMANCE_SUITES: dict[str, str] = {
     "attention_backend": "vlite.testing.conformance.attention.AttentionBackendConformance",
     "sampler": "vlite.testing.conformance.sampler.SamplerConformance",
     "executor": "vlite.testing.conformance.executor.ExecutorConformance",
+    "structured_output_backend": (
+        "vlite.testing.conformance.structured_output.StructuredOutputBackendConformance"
+    ),
+    "logits_processor": "vlite.testing.conformance.logits_processor.LogitsProcessorConformance",
 }
