@@ -26,6 +26,7 @@ of the disallowed tokens to ``-inf`` before the sampler plugin runs.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Protocol
 
 import torch
@@ -46,11 +47,19 @@ def allocate_bitmask(num_rows: int, vocab_size: int) -> torch.Tensor:
     return torch.full((num_rows, bitmask_words(vocab_size)), -1, dtype=torch.int32)
 
 
-def allowed_tokens(bitmask_row: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """``bool [vocab_size]``: which tokens a bitmask row (``int32 [words]``) allows."""
-    shifts = torch.arange(BITS_PER_WORD, dtype=torch.int32, device=bitmask_row.device)
-    bits = (bitmask_row.unsqueeze(-1) >> shifts) & 1
-    return bits.reshape(*bitmask_row.shape[:-1], -1)[..., :vocab_size].bool()
+def allowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """``bool [..., vocab_size]``: which tokens bitmask rows (``int32 [..., words]``) allow.
+
+    Unpacked byte by byte (a little-endian int32 holds tokens ``32w .. 32w + 31`` in its
+    bytes' order), a quarter of the work of shifting the words.
+    """
+    if sys.byteorder != "little":
+        shifts = torch.arange(BITS_PER_WORD, dtype=torch.int32, device=bitmask.device)
+        bits = (bitmask.unsqueeze(-1) >> shifts) & 1
+        return bits.reshape(*bitmask.shape[:-1], -1)[..., :vocab_size].bool()
+    shifts = torch.arange(8, dtype=torch.uint8, device=bitmask.device)
+    bits = (bitmask.contiguous().view(torch.uint8).unsqueeze(-1) >> shifts) & 1
+    return bits.reshape(*bitmask.shape[:-1], -1)[..., :vocab_size].bool()
 
 
 class GrammarMatcher(Protocol):

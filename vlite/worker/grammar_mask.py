@@ -29,6 +29,10 @@ def apply_grammar_bitmask(
         raise RuntimeError(f"grammar bitmask rows for requests that do not sample: {missing}")
     packed = np.frombuffer(bitmask.data, dtype=np.int32).reshape(len(bitmask.request_ids), -1)
     words = torch.from_numpy(packed.copy()).to(logits.device)
-    allowed = allowed_tokens(words, logits.shape[-1])
-    rows = torch.tensor([row_of[rid] for rid in bitmask.request_ids], device=logits.device)
-    logits[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
+    forbidden = ~allowed_tokens(words, logits.shape[-1])
+    rows = [row_of[request_id] for request_id in bitmask.request_ids]
+    if rows == list(range(logits.shape[0])):  # every row, in order: no gather or scatter
+        logits.masked_fill_(forbidden, float("-inf"))
+        return
+    index = torch.tensor(rows, device=logits.device)
+    logits[index] = logits[index].masked_fill(forbidden, float("-inf"))
