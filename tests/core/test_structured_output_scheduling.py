@@ -254,3 +254,17 @@ def test_preempted_structured_requests_resume_where_their_grammar_was():
     for index in range(4):
         assert driver.outputs[f"s{index}"] == list(range(5, 15))
         assert driver.finish_reasons[f"s{index}"] == "stop"
+
+
+def test_requests_waiting_for_their_grammar_count_as_waiting():
+    driver = make_driver()
+    SequenceBackend.gate.clear()
+    driver.add("s", [1, 3], max_tokens=4, structured_outputs=choice("5 6"))
+    driver.add("plain", [1, 3], max_tokens=2)
+
+    first = driver.step()
+
+    assert driver.scheduler.num_waiting_requests == 1
+    assert driver.scheduler.last_step_stats.num_waiting_requests == 1
+    assert set(first.scheduler_output.num_scheduled_tokens) == {"plain"}
+    SequenceBackend.gate.set()

@@ -343,6 +343,11 @@ class Scheduler:
     def num_unfinished_requests(self) -> int:
         return len(self.requests)
 
+    @property
+    def num_waiting_requests(self) -> int:
+        """Requests not running: queued, or waiting for their grammar to compile."""
+        return len(self.waiting) + len(self.waiting_for_fsm)
+
     # ---- schedule ------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
@@ -363,7 +368,7 @@ class Scheduler:
             num_decode_tokens=step.num_decode_tokens,
             token_budget=self.limits.max_num_batched_tokens,
             num_running_requests=len(self.running),
-            num_waiting_requests=len(self.waiting),
+            num_waiting_requests=self.num_waiting_requests,
             num_kv_blocks_used=kv.num_used_blocks,
             num_kv_blocks_free=kv.num_free_blocks,
             num_prefix_cache_queried_tokens=kv.num_prefix_queried_tokens - num_queried,

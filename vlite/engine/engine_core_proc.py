@@ -224,7 +224,7 @@ class EngineCoreProc:
             kv_cache_usage=kv_cache.num_used_blocks / max(kv_cache.num_blocks, 1),
             num_unfinished_requests=core.scheduler.num_unfinished_requests,
             num_running_requests=len(core.scheduler.running),
-            num_waiting_requests=len(core.scheduler.waiting),
+            num_waiting_requests=core.scheduler.num_waiting_requests,
             num_failed_steps=self.num_failed_steps,
             totals=core.step_totals,
         )
