@@ -1,6 +1,6 @@
 """vlite's conformance suites, run on this package's plugins as installed (entry point)."""
 
-from vlite.testing import SamplerConformance, SchedulerConformance
+from vlite.testing import LogitsProcessorConformance, SamplerConformance, SchedulerConformance
 
 
 class TestShortestPromptFirstPolicy(SchedulerConformance):
@@ -9,3 +9,7 @@ class TestShortestPromptFirstPolicy(SchedulerConformance):
 
 class TestMultinomialSampler(SamplerConformance):
     plugin_name = "multinomial"
+
+
+class TestNoRepeatNgram(LogitsProcessorConformance):
+    plugin_name = "no-repeat-ngram"

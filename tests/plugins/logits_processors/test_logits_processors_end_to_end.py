@@ -46,8 +46,11 @@ class ForcedTokenPlugin:
 @pytest.fixture(scope="module")
 def llm(tmp_path_factory) -> LLM:
     model = make_tiny_model(tmp_path_factory.mktemp("logits-processors"), "LlamaForCausalLM")
-    registry = PluginRegistry(build_plugin_manager(extra_plugins=(ForcedTokenPlugin(),)))
-    return LLM(model=str(model), dtype="float32", num_kv_blocks=64, registry=registry)
+    # Installed third-party plugins left out: the worker runs every registered processor.
+    manager = build_plugin_manager(extra_plugins=(ForcedTokenPlugin(),), load_entry_points=False)
+    return LLM(
+        model=str(model), dtype="float32", num_kv_blocks=64, registry=PluginRegistry(manager)
+    )
 
 
 def greedy(**settings) -> SamplingParams:
