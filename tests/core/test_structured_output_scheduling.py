@@ -5,6 +5,7 @@ sample, termination by the grammar, compile failures, forbidden tokens, and pree
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -267,4 +268,21 @@ def test_requests_waiting_for_their_grammar_count_as_waiting():
     assert driver.scheduler.num_waiting_requests == 1
     assert driver.scheduler.last_step_stats.num_waiting_requests == 1
     assert set(first.scheduler_output.num_scheduled_tokens) == {"plain"}
+    SequenceBackend.gate.set()
+
+
+def test_a_grammar_that_takes_too_long_fails_its_request():
+    driver = make_driver()
+    driver.scheduler.structured_outputs.compile_timeout_s = 0.05
+    SequenceBackend.gate.clear()  # the compiler hangs
+    driver.add("slow", [1, 3], max_tokens=4, structured_outputs=choice("5 6"))
+    driver.add("plain", [1, 3], max_tokens=2)
+    time.sleep(0.1)
+
+    so = driver.scheduler.schedule()
+    failures = driver.scheduler.take_failures()
+
+    assert [(f.request_id, f.is_invalid_request) for f in failures] == [("slow", True)]
+    assert "did not compile within 0.05 s (grammar_compile_timeout_s)" in failures[0].message
+    assert set(so.num_scheduled_tokens) == {"plain"} and "slow" not in driver.scheduler.requests
     SequenceBackend.gate.set()

@@ -86,6 +86,12 @@ class VliteConfig(BaseSettings):
         description="Structured-output backend plugin name (JSON schema, regex, choice, "
         "grammar); a request may name another in structured_outputs.backend.",
     )
+    grammar_compile_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="Seconds a request's grammar may take to compile; a request whose grammar "
+        "takes longer fails with an error saying so.",
+    )
     executor: str = Field("uniproc", description="Executor plugin name.")
     tensor_parallel_size: int = Field(
         1, ge=1, description="Tensor-parallel workers (with executor 'multiproc' or 'ray')."

@@ -236,6 +236,7 @@ class EngineCore:
             config.structured_outputs_backend,
             model_spec.load_tokenizer,
             model_spec.vocab_size,
+            config.grammar_compile_timeout_s,
         )
 
     # ---- requests ------------------------------------------------------------------

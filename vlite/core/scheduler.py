@@ -287,9 +287,14 @@ class Scheduler:
         if not self.waiting_for_fsm:
             return
         compiling = []
+        timeout_s = self.structured_outputs.compile_timeout_s
         for request in self.waiting_for_fsm:
             grammar = request.structured_output
-            if not grammar.is_compiled:
+            if grammar.give_up_after(timeout_s):
+                request.status = RequestStatus.FINISHED_ERROR
+                self._failures.append(RequestFailure(request.request_id, grammar.error))
+                self._release(request)
+            elif not grammar.is_compiled:
                 compiling.append(request)
             elif grammar.start_matching():
                 request.status = RequestStatus.WAITING

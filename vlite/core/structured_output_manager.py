@@ -21,6 +21,7 @@ is recomputed), so resuming a preempted request needs nothing from here.
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -53,11 +54,23 @@ class StructuredOutputRequest:
         self.compiled = compiled
         self.matcher: GrammarMatcher | None = None
         self.error: str | None = None
+        self.started_at = time.monotonic()
 
     @property
     def is_compiled(self) -> bool:
         """Whether compilation has ended (with a grammar or an error)."""
         return self.compiled.done()
+
+    def give_up_after(self, timeout_s: float) -> bool:
+        """``True`` (with the error set) once compiling has taken over ``timeout_s``."""
+        waited = time.monotonic() - self.started_at
+        if self.is_compiled or waited <= timeout_s:
+            return False
+        self.error = (
+            f"the {self.backend} grammar did not compile within {timeout_s:g} s "
+            "(grammar_compile_timeout_s)"
+        )
+        return True
 
     def start_matching(self) -> bool:
         """Once compiled: make the matcher (``True``), or record the error (``False``)."""
@@ -77,6 +90,8 @@ class StructuredOutputManager:
         default_backend: the name used when a request names none.
         load_tokenizer: returns the model's Hugging Face tokenizer (called once, lazily).
         vocab_size: the width of the model's logits (the bitmask's bits per row).
+        compile_timeout_s: how long a request waits for its grammar before it fails (a
+            compiler that never returns keeps its thread; the request does not wait on).
     """
 
     def __init__(
@@ -85,9 +100,12 @@ class StructuredOutputManager:
         default_backend: str,
         load_tokenizer: Callable[[], Any],
         vocab_size: int,
+        compile_timeout_s: float = 60.0,
     ) -> None:
         self.backend_classes = backends
         self.default_backend = default_backend
+        #: Seconds a request waits for its grammar before it fails.
+        self.compile_timeout_s = compile_timeout_s
         self.vocab_size = vocab_size
         self._load_tokenizer = load_tokenizer
         self._tokenizer: Any = None
