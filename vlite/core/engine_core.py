@@ -337,8 +337,7 @@ class EngineCore:
         """
         if self.max_batches_in_flight > 1:
             return self.step_with_batch_queue()
-        self.scheduler.admit_compiled_requests()
-        if not self.scheduler.has_schedulable_requests():
+        if not self._has_schedulable_requests():
             return self._wait_for_grammars()  # (nothing at all: no outputs, at once)
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty and not scheduler_output.num_preempted:
@@ -364,9 +363,8 @@ class EngineCore:
         wait for the oldest batch and run ``update_from_output`` on it: batches are
         updated in the order they were scheduled.
         """
-        self.scheduler.admit_compiled_requests()
         while len(self._batch_queue) < self.max_batches_in_flight and (
-            self.scheduler.has_schedulable_requests()
+            self._has_schedulable_requests()
         ):
             scheduler_output = self.scheduler.schedule()
             news = scheduler_output.num_preempted or scheduler_output.finished_request_ids
@@ -400,6 +398,15 @@ class EngineCore:
             for observer in self._step_observers:
                 observer(batch.record)
         return outputs
+
+    def _has_schedulable_requests(self) -> bool:
+        """Whether ``schedule()`` could pick anything, counting requests whose grammar has
+        compiled since (admitted to the waiting queue here only when nothing else is)."""
+        scheduler = self.scheduler
+        if scheduler.has_schedulable_requests():
+            return True
+        scheduler.admit_compiled_requests()
+        return scheduler.has_schedulable_requests()
 
     def _wait_for_grammars(self) -> EngineCoreOutputs:
         """Nothing can run but requests whose grammar compiles: wait a moment for one (the

@@ -31,7 +31,11 @@ from typing import Any, Protocol
 
 import torch
 
-from vlite.core.structured_output_params import CONSTRAINT_FIELDS, StructuredOutputsParams
+from vlite.core.structured_output_params import (
+    CONSTRAINT_FIELDS,
+    StructuredOutputsError,
+    StructuredOutputsParams,
+)
 
 #: Tokens per bitmask word.
 BITS_PER_WORD = 32
@@ -113,3 +117,15 @@ class StructuredOutputBackend(Protocol):
 def supported_kinds(backend_cls: type) -> tuple[str, ...]:
     """The constraint kinds ``backend_cls`` claims (absent attribute: all of them)."""
     return tuple(getattr(backend_cls, "supported_kinds", CONSTRAINT_FIELDS))
+
+
+def check_backend_takes(name: str, backend_cls: type, params: StructuredOutputsParams) -> None:
+    """Raise :class:`StructuredOutputsError` if backend ``name`` does not handle ``params``'s
+    kind of constraint (its ``supported_kinds``)."""
+    kinds = supported_kinds(backend_cls)
+    if params.kind not in kinds:
+        raise StructuredOutputsError(
+            f"structured-output backend {name!r} does not support {params.kind!r} constraints "
+            f"(it supports {', '.join(kinds)})",
+            f"structured_outputs.{params.kind}",
+        )

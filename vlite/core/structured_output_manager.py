@@ -29,16 +29,15 @@ from typing import Any
 
 import numpy as np
 
-from vlite.core.errors import InvalidRequestError
 from vlite.core.outputs import GrammarBitmask
 from vlite.core.structured_output import (
     CompiledGrammar,
     GrammarMatcher,
     StructuredOutputBackend,
     allocate_bitmask,
-    supported_kinds,
+    check_backend_takes,
 )
-from vlite.core.structured_output_params import StructuredOutputsParams
+from vlite.core.structured_output_params import StructuredOutputsError, StructuredOutputsParams
 
 #: Compiled grammars kept for reuse (least recently used dropped first).
 GRAMMAR_CACHE_SIZE = 256
@@ -124,16 +123,12 @@ class StructuredOutputManager:
         name = self.backend_name(params)
         backend_cls = self.backend_classes.get(name)
         if backend_cls is None:
-            raise InvalidRequestError(
+            raise StructuredOutputsError(
                 f"request {request_id!r}: structured-output backend {name!r} is not "
-                f"registered; available: {', '.join(sorted(self.backend_classes)) or '(none)'}"
+                f"registered; available: {', '.join(sorted(self.backend_classes)) or '(none)'}",
+                "structured_outputs.backend",
             )
-        kinds = supported_kinds(backend_cls)
-        if params.kind not in kinds:
-            raise InvalidRequestError(
-                f"request {request_id!r}: structured-output backend {name!r} does not support "
-                f"{params.kind!r} constraints (it supports {', '.join(kinds)})"
-            )
+        check_backend_takes(name, backend_cls, params)
 
     def start(self, params: StructuredOutputsParams) -> StructuredOutputRequest:
         """Begin (or reuse) the compilation of ``params``'s grammar."""

@@ -168,7 +168,7 @@ class DataParallelClient:
         return [client.info for client in self.clients]
 
     @property
-    def processes(self) -> list[CoreProcess]:
+    def processes(self) -> list[CoreHandle]:
         return [client.process for client in self.clients]
 
     @property

@@ -20,7 +20,7 @@ from typing import Any
 from vlite.core.errors import InvalidRequestError
 from vlite.core.plugins import PluginRegistry
 from vlite.core.sampling_params import SamplingParams
-from vlite.core.structured_output import supported_kinds
+from vlite.core.structured_output import check_backend_takes
 from vlite.core.structured_output_params import StructuredOutputsError, StructuredOutputsParams
 
 #: Validated constraints remembered per front end.
@@ -45,7 +45,7 @@ class StructuredOutputValidator:
         self._validated: OrderedDict[tuple[str, str, str], None] = OrderedDict()
 
     def _backend_cls(self, name: str) -> type:
-        if callable(self._registry) and not isinstance(self._registry, PluginRegistry):
+        if not isinstance(self._registry, PluginRegistry):
             self._registry = self._registry()
         try:
             return self._registry.get(BACKEND_KIND, name)
@@ -63,12 +63,7 @@ class StructuredOutputValidator:
             self._validated.move_to_end(key)
             return
         backend_cls = self._backend_cls(name)
-        if params.kind not in supported_kinds(backend_cls):
-            raise StructuredOutputsError(
-                f"structured-output backend {name!r} does not support {params.kind!r} "
-                f"constraints (it supports {', '.join(supported_kinds(backend_cls))})",
-                f"structured_outputs.{params.kind}",
-            )
+        check_backend_takes(name, backend_cls, params)
         try:
             backend_cls.validate(params)
         except ValueError as exc:

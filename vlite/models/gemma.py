@@ -41,9 +41,9 @@ from vlite.models.llama import (
     LlamaMLP,
     PipelineMissingLayer,
 )
-from vlite.models.parallel_layers import VocabEmbedding, VocabParallelLMHead
+from vlite.models.parallel_layers import VocabEmbedding
 from vlite.models.rope import RotaryEmbedding, StepRotation
-from vlite.models.spec import head_dim_of, layer_sliding_windows
+from vlite.models.spec import layer_sliding_windows
 
 ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 _ACTIVATIONS = ("gelu_pytorch_tanh", "gelu_tanh")
@@ -186,34 +186,21 @@ class GemmaForCausalLM(LlamaForCausalLM):
         tp_group: TensorParallelGroup = SINGLE_RANK,
         pp_group: PipelineParallelGroup = SINGLE_STAGE,
     ) -> None:
-        nn.Module.__init__(self)
+        nn.Module.__init__(self)  # not Llama's __init__: Gemma builds its own layers
         _check_supported(hf_config)
-        self.check_tensor_parallel_size(hf_config, tp_group.world_size)
-        self.config = hf_config
-        self.tp_group = tp_group
-        self.pp_group = pp_group
-        start, end = pp_group.layer_range(hf_config.num_hidden_layers)
-        #: Layers this pipeline stage runs (and KV caches it holds).
-        self.num_layers: int = end - start
-        self.head_dim = head_dim_of(hf_config)
-        self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", True))
-        self.attention: AttentionBackend = attn_backend_cls(
-            hf_config.num_attention_heads // tp_group.world_size,
-            hf_config.num_key_value_heads // tp_group.world_size,
-            self.head_dim,
+        held = self.set_up_stage(
+            hf_config,
+            attn_backend_cls,
+            block_size,
+            tp_group,
+            pp_group,
             scale=hf_config.query_pre_attn_scalar**-0.5,
-            block_size=block_size,
+            tied_by_default=True,
         )
         self.rotary_emb = RotaryEmbedding.from_config(hf_config, self.head_dim)
         self.local_rotary_emb = self._local_rotary(hf_config)
-        self.model = GemmaModel(hf_config, self._layers(hf_config, range(start, end)), pp_group)
-        if pp_group.is_last:
-            self.lm_head = VocabParallelLMHead(
-                hf_config.vocab_size,
-                hf_config.hidden_size,
-                has_weight=not self.tie_word_embeddings,
-                tp_group=tp_group,
-            )
+        self.model = GemmaModel(hf_config, self._layers(hf_config, held), pp_group)
+        self.add_lm_head()
         self.final_logit_soft_cap: float | None = (
             getattr(hf_config, "final_logit_softcapping", None) or None
         )

@@ -367,22 +367,7 @@ class LlamaForCausalLM(nn.Module):
     ) -> None:
         super().__init__()
         _check_supported(hf_config)
-        self.check_tensor_parallel_size(hf_config, tp_group.world_size)
-        self.config = hf_config
-        self.tp_group = tp_group
-        self.pp_group = pp_group
-        start, end = pp_group.layer_range(hf_config.num_hidden_layers)
-        #: Layers this pipeline stage runs (and KV caches it holds).
-        self.num_layers: int = end - start
-        self.head_dim = head_dim_of(hf_config)
-        self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
-        self.attention: AttentionBackend = attn_backend_cls(
-            hf_config.num_attention_heads // tp_group.world_size,
-            hf_config.num_key_value_heads // tp_group.world_size,
-            self.head_dim,
-            scale=self.head_dim**-0.5,
-            block_size=block_size,
-        )
+        self.set_up_stage(hf_config, attn_backend_cls, block_size, tp_group, pp_group)
         self.rotary_emb = RotaryEmbedding.from_config(hf_config, self.head_dim)
         #: LongRoPE: sequences of more known tokens use the long factors, which the worker
         #: marks per token in ``AttentionMetadata.use_long_rope``; ``None`` without LongRoPE.
@@ -399,15 +384,57 @@ class LlamaForCausalLM(nn.Module):
         for layer, window in zip(self.model.layers, layer_sliding_windows(hf_config)):
             if not isinstance(layer, PipelineMissingLayer):
                 layer.self_attn.sliding_window = window
-        if pp_group.is_last:
-            self.lm_head = VocabParallelLMHead(
-                hf_config.vocab_size,
-                hf_config.hidden_size,
-                has_weight=not self.tie_word_embeddings,
-                tp_group=tp_group,
-            )
+        self.add_lm_head()
         #: Fused C kernels for norms and RoPE (set when weights stay quantized on the CPU).
         self.native_ops: Any = None
+
+    def set_up_stage(
+        self,
+        hf_config: Any,
+        attn_backend_cls: type[AttentionBackend],
+        block_size: int,
+        tp_group: TensorParallelGroup,
+        pp_group: PipelineParallelGroup,
+        scale: float | None = None,
+        tied_by_default: bool = False,
+    ) -> range:
+        """What every model of this family sets first: the config, the parallel groups, the
+        stage's layer count, the head size, whether embeddings are tied (the config's
+        ``tie_word_embeddings``, else ``tied_by_default``) and the attention backend
+        (scores scaled by ``scale``, default ``head_dim ** -0.5``). Returns the indices of
+        the layers this stage holds.
+
+        Raises:
+            ValueError: the config does not split over ``tp_group``.
+        """
+        self.check_tensor_parallel_size(hf_config, tp_group.world_size)
+        self.config = hf_config
+        self.tp_group = tp_group
+        self.pp_group = pp_group
+        start, end = pp_group.layer_range(hf_config.num_hidden_layers)
+        #: Layers this pipeline stage runs (and KV caches it holds).
+        self.num_layers: int = end - start
+        self.head_dim = head_dim_of(hf_config)
+        tied = getattr(hf_config, "tie_word_embeddings", tied_by_default)
+        self.tie_word_embeddings = bool(tied)
+        self.attention: AttentionBackend = attn_backend_cls(
+            hf_config.num_attention_heads // tp_group.world_size,
+            hf_config.num_key_value_heads // tp_group.world_size,
+            self.head_dim,
+            scale=self.head_dim**-0.5 if scale is None else scale,
+            block_size=block_size,
+        )
+        return range(start, end)
+
+    def add_lm_head(self) -> None:
+        """The vocabulary projection, on the last pipeline stage (weightless when tied)."""
+        if self.pp_group.is_last:
+            self.lm_head = VocabParallelLMHead(
+                self.config.vocab_size,
+                self.config.hidden_size,
+                has_weight=not self.tie_word_embeddings,
+                tp_group=self.tp_group,
+            )
 
     @classmethod
     def check_tensor_parallel_size(cls, hf_config: Any, tensor_parallel_size: int) -> None:

@@ -190,8 +190,12 @@ class StructuredOutputBackendConformance(PluginConformance):
         for token, mask in zip(tokens[7:], masks[7:]):  # replaying gives the same masks
             assert self.mask_of(matcher, vocab_size) == mask
             assert matcher.accept_token(token)
+        at_end = self.mask_of(matcher, vocab_size)
         matcher.rollback(0)  # undoes nothing
-        assert self.mask_of(matcher, vocab_size) == self.mask_of(matcher, vocab_size)
+        assert self.mask_of(matcher, vocab_size) == at_end
+        matcher.rollback(1)
+        assert self.mask_of(matcher, vocab_size) == masks[-1]
+        assert matcher.accept_token(tokens[-1])
         matcher.rollback(len(tokens))
         assert self.mask_of(matcher, vocab_size) == masks[0]
 
