@@ -138,6 +138,44 @@ def test_run_chat_applies_the_chat_template(tiny_model):
     assert record["num_prompt_tokens"] > 4
 
 
+def test_run_chat_generates_until_the_context_ends_without_max_tokens(tiny_model):
+    # A random model rarely ends its answer: the context (200 tokens here) ends it, past
+    # plain completion's default of 64 and below the chat cap.
+    result = invoke(
+        "run", "--model", tiny_model, "--chat", "--json", "--max-model-len", "200", "Hi there"
+    )
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    assert record["finish_reason"] == "length"
+    assert record["num_prompt_tokens"] + record["num_output_tokens"] == 200
+
+
+def test_run_chat_stops_at_the_stated_cap(tiny_model, monkeypatch):
+    from vlite.cli import run
+
+    monkeypatch.setattr(run, "CHAT_MAX_TOKENS", 7)
+    result = invoke("run", "--model", tiny_model, "--chat", "--json", "--ignore-eos", "Hi")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["num_output_tokens"] == 7
+
+
+def test_run_plain_completion_keeps_a_short_default(tiny_model):
+    from vlite.cli.run import COMPLETION_MAX_TOKENS
+
+    result = invoke("run", "--model", tiny_model, "--json", "--ignore-eos", "Hi")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["num_output_tokens"] == COMPLETION_MAX_TOKENS
+
+
+def test_run_help_states_both_max_tokens_defaults():
+    from vlite.cli.run import CHAT_MAX_TOKENS, COMPLETION_MAX_TOKENS
+
+    result = invoke("run", "--help")
+    text = " ".join(result.output.split())
+    assert f"Default: {COMPLETION_MAX_TOKENS} for plain completion" in text
+    assert f"with --chat, until the model ends its answer, at most {CHAT_MAX_TOKENS}" in text
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

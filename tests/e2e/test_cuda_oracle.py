@@ -19,6 +19,7 @@ from vlite.testing.tiny_models import make_tiny_model
 
 pytestmark = [
     pytest.mark.gpu,
+    pytest.mark.usefixtures("exact_float32_products"),  # as the oracle's CPU run computes
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
@@ -32,15 +33,6 @@ MODELS = {
         {"num_kv_heads": 2, "tie_word_embeddings": False},
     ),
 }
-
-
-@pytest.fixture(autouse=True)
-def no_tf32():
-    """Exact float32 matrix products, as the oracle's CPU run computes them."""
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 @pytest.fixture(scope="module", params=sorted(MODELS))

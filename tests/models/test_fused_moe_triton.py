@@ -265,7 +265,9 @@ def test_cpu_tensors_in_a_cuda_process_use_a_private_interpreted_copy():
 # ---- end to end: a tiny Mixtral through LLM equals transformers ------------------------
 
 
-def test_a_tiny_mixtral_on_the_triton_experts_matches_transformers(tmp_path, monkeypatch):
+def test_a_tiny_mixtral_on_the_triton_experts_matches_transformers(
+    tmp_path, monkeypatch, exact_float32_products
+):
     from transformers import AutoModelForCausalLM
 
     from vlite import LLM, SamplingParams
@@ -299,9 +301,6 @@ def test_a_tiny_mixtral_on_the_triton_experts_matches_transformers(tmp_path, mon
 
     monkeypatch.setattr(experts, "grouped_experts", counting)
     monkeypatch.setenv(IMPL_ENV, "triton")
-    # On a GPU (compiled kernels): exact float32 products elsewhere too, as on the CPU.
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     llm = LLM(model=str(folder), dtype="float32", num_kv_blocks=16)  # CUDA defaults to bf16
     params = SamplingParams(max_tokens=num_new_tokens, temperature=0.0, ignore_eos=True)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
@@ -316,9 +315,8 @@ def test_a_tiny_mixtral_on_the_triton_experts_matches_transformers(tmp_path, mon
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("num_tokens", [256, 3])
-def test_compiled_kernel_on_cuda_at_realistic_sizes(dtype, num_tokens, monkeypatch):
-    # The float32 reference computes exactly too.
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+def test_compiled_kernel_on_cuda_at_realistic_sizes(dtype, num_tokens, exact_float32_products):
+    # exact_float32_products: the float32 reference computes exactly too.
     moe = make_moe(8, 2, 1024, 2816, dtype=dtype, device="cuda")
     states, logits = make_inputs(num_tokens, 1024, 8, dtype=dtype, device="cuda")
     assert load_moe_kernels("cuda").interpreted is False

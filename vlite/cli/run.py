@@ -18,6 +18,13 @@ from vlite.core.sampling_params import SAMPLING_PARAM_NAMES, SamplingParams
 #: JSONL fields that set a request's own sampling options.
 SAMPLING_FIELDS = SAMPLING_PARAM_NAMES
 
+#: New tokens per completion when ``--max-tokens`` is not given: plain completion.
+COMPLETION_MAX_TOKENS = 64
+
+#: ... and with ``--chat``, which generates until the model ends its answer: this cap (and
+#: the model's context length, which always ends a request) bounds an answer that never ends.
+CHAT_MAX_TOKENS = 1024
+
 
 @dataclass
 class PromptSpec:
@@ -40,7 +47,14 @@ class PromptSpec:
     "min_tokens, logprobs, priority). '-' reads stdin.",
 )
 @click.option("--chat", is_flag=True, help="Send each prompt as a user message (chat template).")
-@click.option("--max-tokens", type=int, default=64, show_default=True, help="New tokens each.")
+@click.option(
+    "--max-tokens",
+    type=int,
+    default=None,
+    help=f"Most new tokens each. Default: {COMPLETION_MAX_TOKENS} for plain completion; with "
+    f"--chat, until the model ends its answer, at most {CHAT_MAX_TOKENS} (the model's "
+    "context length ends any request).",
+)
 @click.option(
     "--temperature", type=float, default=0.0, show_default=True, help="0 decodes greedily."
 )
@@ -88,7 +102,7 @@ def run_command(prompts, input_file, chat, as_json, trace_file, config_file, **o
       vlite run --scheduler chunked-prefill --trace trace.jsonl "Hello"
     """
     overrides = pop_engine_overrides(options)
-    defaults = _default_sampling(options)
+    defaults = _default_sampling(options, chat)
     specs = _read_prompts(prompts, input_file)
     config = build_config(config_file, overrides)
     params = [_sampling_params(defaults, spec.sampling) for spec in specs]
@@ -115,9 +129,11 @@ def run_command(prompts, input_file, chat, as_json, trace_file, config_file, **o
     click.echo(summary_line(outputs, elapsed), err=True)
 
 
-def _default_sampling(options: dict[str, Any]) -> dict[str, Any]:
+def _default_sampling(options: dict[str, Any], chat: bool) -> dict[str, Any]:
     defaults = {name: options.pop(name) for name in list(options) if name in SAMPLING_FIELDS}
     defaults["stop"] = list(defaults.get("stop") or [])
+    if defaults.get("max_tokens") is None:
+        defaults["max_tokens"] = CHAT_MAX_TOKENS if chat else COMPLETION_MAX_TOKENS
     return defaults
 
 
