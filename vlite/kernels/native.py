@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -34,11 +35,33 @@ FUSED_OPS_SOURCE = Path(__file__).with_name("fused_ops.c")
 PAGED_ATTENTION_SOURCE = Path(__file__).with_name("paged_attention.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC")
 
+
+@dataclass(frozen=True)
+class BlockLayout:
+    """How one GGUF tensor type stores a row: ``cols / values`` blocks of ``nbytes`` each.
+
+    Attributes:
+        code: the type's id in the C functions (their ``qtype`` argument).
+        values: values per block (32; 256 for the K-quants and IQ4_XS). A row's length,
+            and a column slice's start and length, must be multiples of it.
+        nbytes: bytes per block.
+    """
+
+    code: int
+    values: int
+    nbytes: int
+
+
+#: Every GGUF type the kernels multiply by without dequantizing, and its block layout.
+BLOCK_LAYOUTS: dict[str, BlockLayout] = {
+    "Q4_0": BlockLayout(0, 32, 18),
+    "Q4_1": BlockLayout(1, 32, 20),
+    "Q8_0": BlockLayout(2, 32, 34),
+}
 #: Kernel id of each GGUF block type (the ``qtype`` argument of the C functions).
-BLOCK_TYPES = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2}
-#: Bytes per block of 32 values.
-BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
-BLOCK_VALUES = 32
+BLOCK_TYPES = {name: layout.code for name, layout in BLOCK_LAYOUTS.items()}
+#: Bytes per block.
+BLOCK_BYTES = {name: layout.nbytes for name, layout in BLOCK_LAYOUTS.items()}
 
 
 class NativeKernelsUnavailable(RuntimeError):
@@ -355,9 +378,10 @@ def _require(*tensors: torch.Tensor, dtype: torch.dtype) -> None:
 
 
 def _check_blocks(qtype: str, blocks: torch.Tensor, rows: int, cols: int) -> None:
-    expected = (rows, cols // BLOCK_VALUES * BLOCK_BYTES[qtype])
+    layout = BLOCK_LAYOUTS[qtype]
+    expected = (rows, cols // layout.values * layout.nbytes)
     _require(blocks, dtype=torch.uint8)
-    if cols % BLOCK_VALUES or tuple(blocks.shape) != expected or not blocks.is_contiguous():
+    if cols % layout.values or tuple(blocks.shape) != expected or not blocks.is_contiguous():
         raise ValueError(
             f"{qtype} blocks of a [{rows}, {cols}] matrix must be a contiguous uint8 tensor "
             f"{list(expected)}, got {list(blocks.shape)}"

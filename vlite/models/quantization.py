@@ -23,13 +23,13 @@ from typing import Any
 
 import torch
 
-from vlite.kernels.native import BLOCK_BYTES, BLOCK_VALUES, gguf_block_kernels, unavailable_reason
+from vlite.kernels.native import BLOCK_LAYOUTS, gguf_block_kernels, unavailable_reason
 
 #: Values of the ``quantization`` setting: ``auto`` keeps what it can, ``gguf`` insists
 #: (an error where nothing can be kept), ``none`` dequantizes everything.
 QUANTIZATION_CHOICES = ("auto", "gguf", "none")
 #: GGUF tensor types the kernels multiply by without dequantizing.
-KERNEL_TYPES = frozenset(BLOCK_BYTES)
+KERNEL_TYPES = frozenset(BLOCK_LAYOUTS)
 #: Types that hold plain floats: never "quantized".
 _FLOAT_TYPES = frozenset({"F32", "F16", "BF16", "F64"})
 
@@ -46,10 +46,11 @@ class BlockQuantizedTensor:
     cols: int
 
     def __post_init__(self) -> None:
-        if self.qtype not in BLOCK_BYTES:
-            raise ValueError(f"no kernel for GGUF type {self.qtype} (have {sorted(BLOCK_BYTES)})")
-        if self.cols % BLOCK_VALUES:
-            raise ValueError(f"{self.cols} columns is not a multiple of {BLOCK_VALUES}")
+        if self.qtype not in BLOCK_LAYOUTS:
+            raise ValueError(f"no kernel for GGUF type {self.qtype} (have {sorted(BLOCK_LAYOUTS)})")
+        values = BLOCK_LAYOUTS[self.qtype].values
+        if self.cols % values:
+            raise ValueError(f"{self.cols} columns is not a multiple of {values} ({self.qtype})")
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -59,12 +60,15 @@ class BlockQuantizedTensor:
         """Rows (``dim=0``) or whole blocks of columns (``dim=1``) ``start:start+length``."""
         if dim == 0:
             return BlockQuantizedTensor(self.qtype, self.blocks.narrow(0, start, length), self.cols)
-        if start % BLOCK_VALUES or length % BLOCK_VALUES:
+        layout = BLOCK_LAYOUTS[self.qtype]
+        if start % layout.values or length % layout.values:
             raise ValueError(
-                f"columns {start}:{start + length} do not fall on {BLOCK_VALUES}-value blocks"
+                f"columns {start}:{start + length} do not fall on {layout.values}-value "
+                f"{self.qtype} blocks"
             )
-        size = BLOCK_BYTES[self.qtype]
-        blocks = self.blocks.narrow(1, start // BLOCK_VALUES * size, length // BLOCK_VALUES * size)
+        blocks = self.blocks.narrow(
+            1, start // layout.values * layout.nbytes, length // layout.values * layout.nbytes
+        )
         return BlockQuantizedTensor(self.qtype, blocks, length)
 
     def dequantize(self) -> torch.Tensor:
