@@ -73,7 +73,7 @@ def test_narrow_keeps_whole_rows_and_whole_blocks():
     tensor, reference = quantized("Q4_1", 10, 128)
     assert torch.equal(tensor.narrow(0, 2, 5).dequantize(), reference[2:7])
     assert torch.equal(tensor.narrow(1, 32, 64).dequantize(), reference[:, 32:96])
-    with pytest.raises(ValueError, match="do not fall on 32-value blocks"):
+    with pytest.raises(ValueError, match="do not fall on 32-value Q4_1 blocks"):
         tensor.narrow(1, 16, 32)
 
 
