@@ -85,10 +85,10 @@ def test_concat_rows_needs_one_type():
 
 
 def test_plan_keeps_kernel_types_and_names_the_rest():
-    plan = plan_quantization("auto", ["F32", "Q4_1", "Q4_1", "Q8_0", "Q6_K"], CPU)
-    assert plan.kept == {"Q4_1": 2, "Q8_0": 1} and plan.dequantized == {"Q6_K": 1}
+    plan = plan_quantization("auto", ["F32", "Q4_1", "Q4_1", "Q8_0", "IQ2_XXS"], CPU)
+    assert plan.kept == {"Q4_1": 2, "Q8_0": 1} and plan.dequantized == {"IQ2_XXS": 1}
     line = plan.describe(torch.float32)
-    assert "Q4_1 x2, Q8_0 x1 kept" in line and "Q6_K x1 dequantized to float32" in line
+    assert "Q4_1 x2, Q8_0 x1 kept" in line and "IQ2_XXS x1 dequantized to float32" in line
 
 
 @pytest.mark.parametrize(
@@ -121,7 +121,7 @@ def test_cpu_threads_must_be_positive():
     ("types", "device", "why"),
     [
         (None, CPU, "not a GGUF file"),
-        (["Q6_K", "F32"], CPU, r"no tensor of a type with a kernel \(Q6_K\)"),
+        (["IQ2_XXS", "F32"], CPU, r"no tensor of a type with a kernel \(IQ2_XXS\)"),
         (["Q4_1"], torch.device("cuda"), "not cuda"),
     ],
 )

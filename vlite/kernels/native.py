@@ -1,7 +1,8 @@
 """Build-on-first-use CPU kernels: C files compiled by the machine's C compiler.
 
 ``gguf_blocks.c`` (next to this file) multiplies float32 activations by GGUF
-block-quantized weights (Q4_0, Q4_1, Q8_0) without dequantizing them to memory;
+block-quantized weights (every type of :data:`BLOCK_LAYOUTS`: the legacy 32-value types, the
+K-quants, IQ4, F16/BF16) without dequantizing them to memory;
 ``fused_ops.c`` does a decoder layer's small elementwise steps (residual add + RMSNorm,
 rotary embedding) in one call each; ``paged_attention.c`` writes a step's keys/values
 into the paged cache and attends straight from its blocks. Each file is compiled once per
@@ -52,12 +53,29 @@ class BlockLayout:
     nbytes: int
 
 
-#: Every GGUF type the kernels multiply by without dequantizing, and its block layout.
+#: Every GGUF type the kernels multiply by without dequantizing, and its block layout (the
+#: codes are ``gguf_blocks.c``'s). F16 and BF16 are read 32 values at a time.
 BLOCK_LAYOUTS: dict[str, BlockLayout] = {
     "Q4_0": BlockLayout(0, 32, 18),
     "Q4_1": BlockLayout(1, 32, 20),
     "Q8_0": BlockLayout(2, 32, 34),
+    "Q5_0": BlockLayout(3, 32, 22),
+    "Q5_1": BlockLayout(4, 32, 24),
+    "IQ4_NL": BlockLayout(5, 32, 18),
+    "F16": BlockLayout(6, 32, 64),
+    "BF16": BlockLayout(7, 32, 64),
+    "Q2_K": BlockLayout(8, 256, 84),
+    "Q3_K": BlockLayout(9, 256, 110),
+    "Q4_K": BlockLayout(10, 256, 144),
+    "Q5_K": BlockLayout(11, 256, 176),
+    "Q6_K": BlockLayout(12, 256, 210),
+    "IQ4_XS": BlockLayout(13, 256, 136),
 }
+#: Rows of x from which a product of a type without a GEMM of its own (``vl_has_gemm``)
+#: decodes the weight in panels and multiplies densely.
+GEMM_ROWS = 32
+#: The size of one such decoded float32 panel.
+PANEL_BYTES = 8 << 20
 #: Kernel id of each GGUF block type (the ``qtype`` argument of the C functions).
 BLOCK_TYPES = {name: layout.code for name, layout in BLOCK_LAYOUTS.items()}
 #: Bytes per block.
@@ -96,11 +114,15 @@ def _compiler() -> str:
     return compiler
 
 
-def build_library(source: Path = SOURCE) -> Path:
-    """Compile ``source`` into the cache (once per source, flags and CPU); return its path."""
+def build_library(source: Path = SOURCE, flags: tuple[str, ...] = FLAGS) -> Path:
+    """Compile ``source`` into the cache (once per source, flags and CPU); return its path.
+
+    ``flags`` replaces the compiler flags (tests build the portable and each vector path
+    with ``-march=...`` in place of ``-march=native``).
+    """
     compiler = _compiler()
     key = hashlib.sha256(
-        source.read_bytes() + " ".join(FLAGS).encode() + _cpu_flags().encode()
+        source.read_bytes() + " ".join(flags).encode() + _cpu_flags().encode()
     ).hexdigest()[:16]
     target = cache_dir() / f"{source.stem}-{key}.so"
     if target.exists():
@@ -109,7 +131,7 @@ def build_library(source: Path = SOURCE) -> Path:
     # Compile to a private name, then rename: concurrent builders never see half a file.
     fd, partial = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
-    command = [compiler, *FLAGS, "-o", partial, str(source)]
+    command = [compiler, *flags, "-o", partial, str(source)]
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.TimeoutExpired) as error:
@@ -140,8 +162,16 @@ class GGUFBlockKernels:
         lib.vl_gather_rows.argtypes = [i32, ptr, i64, ptr, i64, ptr]
         for function in (lib.vl_matmul, lib.vl_dequantize, lib.vl_gather_rows):
             function.restype = None
+        lib.vl_has_gemm.argtypes = [i32]
+        lib.vl_has_gemm.restype = i32
         self._lib = lib
         self.path = path
+
+    def has_gemm(self, qtype: str) -> bool:
+        """Whether the library multiplies many rows (>= :data:`GEMM_ROWS`) of ``qtype`` by a
+        blocked GEMM of its own; otherwise :meth:`product` decodes the weight in panels and
+        multiplies them densely (PyTorch's GEMM), which is faster there."""
+        return bool(self._lib.vl_has_gemm(BLOCK_TYPES[qtype]))
 
     def matmul(self, qtype: str, x: torch.Tensor, blocks: torch.Tensor, out_features: int):
         """``x`` ``[M, K]`` float32 @ ``W^T`` -> ``[M, out_features]`` float32."""
@@ -157,6 +187,7 @@ class GGUFBlockKernels:
         """
         _check_blocks(qtype, blocks, out_features, in_features)
         call, code = self._lib.vl_matmul, BLOCK_TYPES[qtype]
+        many_rows = None if self.has_gemm(qtype) else self._panel_product(qtype, blocks)
 
         def product(x: torch.Tensor) -> torch.Tensor:
             if (
@@ -170,9 +201,42 @@ class GGUFBlockKernels:
                     f"{x.dtype} {list(x.shape)}"
                 )
             x = x.contiguous()
+            if many_rows is not None and x.shape[0] >= GEMM_ROWS:
+                return many_rows(x)
             out = torch.empty(x.shape[0], out_features, dtype=torch.float32)
             call(code, x.data_ptr(), x.shape[0], in_features, blocks.data_ptr(), out_features,
                  out.data_ptr(), torch.get_num_threads())  # fmt: skip
+            return out
+
+        return product
+
+    def _panel_product(
+        self, qtype: str, blocks: torch.Tensor
+    ) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``x [M, K] -> x @ W^T`` for many rows: W decoded :data:`PANEL_BYTES` at a time
+        (exactly the file's values) into a float32 panel, multiplied by PyTorch's GEMM."""
+        in_features = blocks.shape[1] // BLOCK_LAYOUTS[qtype].nbytes * BLOCK_LAYOUTS[qtype].values
+        out_features = blocks.shape[0]
+        panel_rows = max(1, min(out_features, PANEL_BYTES // (4 * in_features)))
+
+        def product(x: torch.Tensor) -> torch.Tensor:
+            out = torch.empty(x.shape[0], out_features, dtype=torch.float32)
+            panel = torch.empty(panel_rows, in_features, dtype=torch.float32)
+            for start in range(0, out_features, panel_rows):
+                rows = min(panel_rows, out_features - start)
+                weights = panel[:rows]
+                self._lib.vl_dequantize(
+                    BLOCK_TYPES[qtype],
+                    blocks[start].data_ptr(),
+                    rows,
+                    in_features,
+                    weights.data_ptr(),
+                    torch.get_num_threads(),
+                )
+                if rows == out_features:
+                    torch.mm(x, weights.t(), out=out)
+                else:
+                    out[:, start : start + rows] = x @ weights.t()
             return out
 
         return product

@@ -1,0 +1,161 @@
+"""Every GGUF type the kernels keep: exactly gguf-py's values, in products of any shape.
+
+The blocks are random bytes with finite fp16 scales, so every bit pattern of every field
+is exercised (gguf-py cannot quantize to the K-quants or IQ4; its dequantization is the
+reference for all types).
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from vlite.kernels import native
+from vlite.kernels.native import BLOCK_LAYOUTS, gguf_block_kernels
+
+#: Byte offsets of each type's fp16 fields (scales, minimums) within a block.
+FP16_FIELDS = {
+    "Q4_0": (0,),
+    "Q4_1": (0, 2),
+    "Q8_0": (0,),
+    "Q5_0": (0,),
+    "Q5_1": (0, 2),
+    "IQ4_NL": (0,),
+    "Q2_K": (80, 82),
+    "Q3_K": (108,),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+    "IQ4_XS": (0,),
+}
+FLOAT_TYPES = {"F16": np.float16, "BF16": None}
+ALL_TYPES = sorted(BLOCK_LAYOUTS)
+
+
+def random_blocks(qtype: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """``[rows, cols / values * nbytes]`` uint8: random bits, fp16 fields small and finite."""
+    rng = np.random.default_rng(seed)
+    layout = BLOCK_LAYOUTS[qtype]
+    if qtype in FLOAT_TYPES:
+        values = rng.standard_normal((rows, cols)).astype(np.float32)
+        kind = gguf.GGMLQuantizationType[qtype]
+        return gguf.quants.quantize(values, kind).view(np.uint8).reshape(rows, -1)
+    num_blocks = rows * cols // layout.values
+    blocks = rng.integers(0, 256, (num_blocks, layout.nbytes), dtype=np.uint8)
+    for offset in FP16_FIELDS[qtype]:
+        scale = rng.uniform(-0.05, 0.05, num_blocks).astype(np.float16)
+        blocks[:, offset : offset + 2] = scale.view(np.uint8).reshape(num_blocks, 2)
+    return blocks.reshape(rows, -1)
+
+
+def reference(qtype: str, blocks: np.ndarray, cols: int) -> torch.Tensor:
+    kind = gguf.GGMLQuantizationType[qtype]
+    values = gguf.quants.dequantize(blocks, kind).astype(np.float32)
+    return torch.from_numpy(values.reshape(blocks.shape[0], cols))
+
+
+def matrix(qtype: str, rows: int, blocks_per_row: int, seed: int = 0):
+    cols = blocks_per_row * BLOCK_LAYOUTS[qtype].values
+    raw = random_blocks(qtype, rows, cols, seed)
+    return torch.from_numpy(raw.copy()), reference(qtype, raw, cols), cols
+
+
+def assert_product_close(got: torch.Tensor, x: torch.Tensor, weights: torch.Tensor) -> None:
+    """``got`` is ``x @ weights^T`` up to float32 summation error: within 1e-5 of the sum
+    of the terms' magnitudes (the bound of a float32 sum of K terms, with room)."""
+    expected = x.double() @ weights.double().t()
+    magnitude = x.double().abs() @ weights.double().abs().t()
+    assert got.shape == expected.shape
+    assert bool(((got.double() - expected).abs() <= 1e-5 * magnitude + 1e-6).all())
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    return gguf_block_kernels()
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES)
+def test_decoding_equals_gguf_py_value_for_value(kernels, qtype):
+    blocks, expected, cols = matrix(qtype, 7, 3)
+    assert torch.equal(kernels.dequantize(qtype, blocks, cols), expected)
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES)
+def test_row_gather_is_an_embedding_lookup(kernels, qtype):
+    blocks, expected, cols = matrix(qtype, 11, 2, seed=1)
+    ids = torch.tensor([3, 0, 10, 3], dtype=torch.int64)
+    assert torch.equal(kernels.gather_rows(qtype, blocks, cols, ids), expected[ids])
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES)
+@pytest.mark.parametrize("num_rows", [0, 1, 3, 6, 33])
+def test_products_of_odd_shapes_use_the_files_values(kernels, qtype, num_rows):
+    # 37 rows of W: chunks of 16 and tiles of 4 with remainders; 33 rows of x: the
+    # many-rows path (a GEMM, or panels for types without one) plus a remainder.
+    blocks, weights, cols = matrix(qtype, 37, 2, seed=2)
+    x = torch.randn(num_rows, cols, generator=torch.Generator().manual_seed(3))
+    got = kernels.product(qtype, blocks, 37, cols)(x)
+    assert got.shape == (num_rows, 37)
+    assert_product_close(got, x, weights)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "IQ4_NL"])
+def test_the_many_rows_path_over_several_panels(kernels, qtype, monkeypatch):
+    blocks, weights, cols = matrix(qtype, 40, 1, seed=4)
+    x = torch.randn(native.GEMM_ROWS + 5, cols, generator=torch.Generator().manual_seed(5))
+    monkeypatch.setattr(native, "PANEL_BYTES", 4 * cols * 16)  # 16 rows a panel: 3 panels
+    got = kernels.product(qtype, blocks, 40, cols)(x)
+    assert_product_close(got, x, weights)
+
+
+@pytest.mark.parametrize("qtype", ["Q5_K", "Q3_K", "IQ4_XS"])
+def test_a_row_not_a_multiple_of_the_block_is_refused_naming_it(kernels, qtype):
+    values = BLOCK_LAYOUTS[qtype].values
+    blocks = torch.zeros(4, BLOCK_LAYOUTS[qtype].nbytes, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=f"{qtype} blocks of a \\[4, {values + 32}\\] matrix"):
+        kernels.product(qtype, blocks, 4, values + 32)
+
+
+def test_every_layout_matches_gguf_py():
+    for name, layout in BLOCK_LAYOUTS.items():
+        kind = gguf.GGMLQuantizationType[name]
+        values, nbytes = gguf.GGML_QUANT_SIZES[kind]
+        if name in FLOAT_TYPES:  # read 32 values at a time
+            assert (values * 32, nbytes * 32) == (layout.values, layout.nbytes)
+        else:
+            assert (values, nbytes) == (layout.values, layout.nbytes)
+
+
+def _cpu_has(flag: str) -> bool:
+    from pathlib import Path
+
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    return any(line.startswith("flags") and flag in line.split() for line in text.splitlines())
+
+
+#: Each code path of gguf_blocks.c, built for a CPU that has (only) its features; a path runs
+#: where this machine has them.
+ISA_BUILDS = {
+    "portable": ("-march=x86-64", None),
+    "avx2": ("-march=haswell", "avx2"),
+    "avx512": ("-march=skylake-avx512", "avx512f"),
+}
+
+
+@pytest.mark.parametrize("isa", sorted(ISA_BUILDS))
+def test_every_vector_path_decodes_and_multiplies_exactly(isa):
+    import platform
+
+    march, feature = ISA_BUILDS[isa]
+    if platform.machine() != "x86_64" or (feature is not None and not _cpu_has(feature)):
+        pytest.skip(f"this CPU cannot run the {isa} build")
+    flags = tuple(march if flag == "-march=native" else flag for flag in native.FLAGS)
+    kernels = native.GGUFBlockKernels(native.build_library(native.SOURCE, flags))
+    for qtype in ALL_TYPES:
+        blocks, weights, cols = matrix(qtype, 21, 2, seed=6)
+        assert torch.equal(kernels.dequantize(qtype, blocks, cols), weights), qtype
+        for num_rows in (1, 5, native.GEMM_ROWS + 1):
+            x = torch.randn(num_rows, cols, generator=torch.Generator().manual_seed(7))
+            assert_product_close(kernels.product(qtype, blocks, 21, cols)(x), x, weights)
