@@ -363,7 +363,10 @@ def run_worker(args: argparse.Namespace, workers: dict[str, WorkerFunction]) -> 
     if missing:
         print(f"worker {args.worker} returned no {sorted(missing)}", file=sys.stderr)
         sys.exit(1)
-    result_stream.write(json.dumps({"threads": threads, **result}) + "\n")
+    peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    result_stream.write(
+        json.dumps({"threads": threads, "peak_rss_mib": peak_rss_mib, **result}) + "\n"
+    )
     result_stream.flush()
     sys.exit(0)
 
@@ -692,6 +695,7 @@ class Summary:
     median: float | None
     reference_best_ratio: float | None = None
     reference_median_ratio: float | None = None
+    peak_rss_mib: float | None = None  # the median over the trials that reported one
 
 
 def summarize(engines: list[Engine], configurations: list[Configuration]) -> list[Summary]:
@@ -703,6 +707,7 @@ def summarize(engines: list[Engine], configurations: list[Configuration]) -> lis
             if not trials:  # interrupted before its first round
                 continue
             rates = [t.tokens_per_s for t in trials if t.tokens_per_s is not None]
+            rss = [t.details["peak_rss_mib"] for t in trials if "peak_rss_mib" in t.details]
             rows.append(
                 Summary(
                     engine.name,
@@ -712,6 +717,7 @@ def summarize(engines: list[Engine], configurations: list[Configuration]) -> lis
                     len(rates),
                     max(rates) if rates else None,
                     statistics.median(rates) if rates else None,
+                    peak_rss_mib=statistics.median(rss) if rss else None,
                 )
             )
         reference = next((r for r in rows if r.engine == REFERENCE_ENGINE), None)
@@ -781,6 +787,7 @@ def print_table(summaries: list[Summary]) -> None:
         "median tok/s",
         "vlite best/peer best",
         "vlite median/peer median",
+        "peak RSS MiB",
     ]
     rows = []
     for s in summaries:
@@ -795,6 +802,7 @@ def print_table(summaries: list[Summary]) -> None:
                 format_rate(s.median),
                 format_ratio(s.reference_best_ratio, is_reference),
                 format_ratio(s.reference_median_ratio, is_reference),
+                "n/a" if s.peak_rss_mib is None else f"{s.peak_rss_mib:.0f}",
             ]
         )
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
@@ -803,7 +811,10 @@ def print_table(summaries: list[Summary]) -> None:
     for row in rows:
         cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
         print("| " + " | ".join(cells) + " |")
-    print("ratios above 1: vlite is faster; best and median over the rounds of output tokens/s")
+    print(
+        "ratios above 1: vlite is faster; best and median over the rounds of output tokens/s; "
+        "peak RSS: the trial process's maximum resident set (median over the rounds)"
+    )
 
 
 def write_json(
