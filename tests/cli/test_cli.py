@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -148,6 +149,8 @@ def test_run_chat_generates_until_the_context_ends_without_max_tokens(tiny_model
     record = json.loads(result.stdout)
     assert record["finish_reason"] == "length"
     assert record["num_prompt_tokens"] + record["num_output_tokens"] == 200
+    # The cache was sized for the whole context (the chat cap of 1024 is beyond it).
+    assert kv_cache_blocks(result.stderr) == -(-200 // BLOCK_SIZE)
 
 
 def test_run_chat_stops_at_the_stated_cap(tiny_model, monkeypatch):
@@ -165,6 +168,70 @@ def test_run_plain_completion_keeps_a_short_default(tiny_model):
     result = invoke("run", "--model", tiny_model, "--json", "--ignore-eos", "Hi")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["num_output_tokens"] == COMPLETION_MAX_TOKENS
+
+
+BLOCK_SIZE = 16  # the default
+
+
+def kv_cache_blocks(stderr: str) -> int:
+    """The KV-cache blocks of the memory plan a command printed."""
+    match = re.search(r"^memory: weights [\d.]+ \w+, KV cache (\d+) blocks x ", stderr, re.M)
+    assert match, stderr
+    return int(match.group(1))
+
+
+def blocks_for(num_tokens: int) -> int:
+    return -(-num_tokens // BLOCK_SIZE)
+
+
+def test_run_sizes_the_kv_cache_to_its_requests(tiny_model):
+    prompts = ["a", "the quick brown fox jumps over the lazy dog", "hello there"]
+    result = invoke("run", "--model", tiny_model, "--json", "--max-tokens", "9", *prompts)
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    expected = sum(blocks_for(r["num_prompt_tokens"] + 9) for r in records)
+    assert kv_cache_blocks(result.stderr) == expected
+    plan = re.search(r"KV cache (\d+) blocks x .* \((\d+) tokens\)", result.stderr)
+    assert int(plan.group(2)) == expected * BLOCK_SIZE
+
+
+def test_run_sizes_for_every_sample_and_at_most_max_num_seqs_at_once(tiny_model):
+    prompts = ["a", "the quick brown fox jumps over the lazy dog"]
+    args = ["run", "--model", tiny_model, "--json", "--max-tokens", "20", "--ignore-eos"]
+    result = invoke(*args, "--n", "2", *prompts)
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    per_request = [blocks_for(record["num_prompt_tokens"] + 20) for record in records]
+    assert kv_cache_blocks(result.stderr) == 2 * sum(per_request)
+    # One sequence at a time: the largest alone, and both requests still run.
+    result = invoke(*args, "--max-num-seqs", "1", *prompts)
+    assert result.exit_code == 0, result.output
+    assert kv_cache_blocks(result.stderr) == max(per_request)
+    counts = [json.loads(line)["num_output_tokens"] for line in result.stdout.splitlines()]
+    assert counts == [20, 20]
+
+
+def test_run_keeps_a_cache_size_the_user_set(tiny_model):
+    result = invoke("run", "--model", tiny_model, "--num-kv-blocks", "9", "--max-tokens", "2", "x")
+    assert result.exit_code == 0, result.output
+    assert kv_cache_blocks(result.stderr) == 9
+
+
+def test_run_refuses_a_request_larger_than_the_cache_it_was_given(tiny_model):
+    # A user-set kv_cache_tokens of one block: "Hello" and 40 new tokens need three.
+    result = invoke(
+        "run", "--model", tiny_model, "--kv-cache-tokens", "16", "--max-tokens", "40", "Hello"
+    )
+    assert result.exit_code == 2, result.output
+    error_lines = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert len(error_lines) == 1, result.stderr
+    assert "may need 3 KV-cache blocks but the cache has 1 of 16 tokens" in error_lines[0]
+
+
+def test_run_help_explains_the_kv_cache_defaults():
+    text = " ".join(invoke("run", "--help").output.split())
+    assert "vlite run sets what its requests can use" in text
+    assert "2 GiB on CPU" in text
 
 
 def test_run_help_states_both_max_tokens_defaults():

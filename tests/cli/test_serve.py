@@ -29,6 +29,18 @@ def test_serve_help_lists_the_server_and_engine_flags_with_an_example():
     assert "curl http://127.0.0.1:8000/v1/completions" in result.output
     words = " ".join(result.output.split())  # help text wraps at the terminal width
     assert "[default: 127.0.0.1]" in words and "[default: 8000]" in words
+    assert "The KV cache stays large by default: the server cannot know its load" in words
+
+
+def test_serve_keeps_the_default_kv_cache_size(tmp_path):
+    # vlite serve sizes nothing from requests: the worker's default rule (the budget, or
+    # max_num_seqs sequences of max_model_len tokens) decides.
+    from vlite.core.config import VliteConfig
+    from vlite.server.api_server import with_serving_defaults
+
+    config = with_serving_defaults(VliteConfig(model=str(tmp_path)), None, {}, 1)
+    assert config.kv_cache_tokens is None and config.num_kv_blocks is None
+    assert config.kv_cache_memory_gib is None
 
 
 def test_serve_rejects_a_bad_engine_flag_before_starting():
@@ -65,6 +77,8 @@ def test_serve_as_a_subprocess_answers_and_stops_cleanly(tmp_path):
     seen: list[str] = []
     try:
         assert _wait_for_line(lines, r"attention backend: (\w+)", seen).group(1) == "cpu"
+        memory = _wait_for_line(lines, r"memory: weights .*, KV cache (\d+) blocks x ", seen)
+        assert memory.group(1) == "16"  # --num-kv-blocks
         scheduling = _wait_for_line(
             lines, r"scheduler: ([\w-]+), (\d+) tokens per step, chunked prefill (\w+)", seen
         )

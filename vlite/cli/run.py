@@ -11,7 +11,9 @@ from typing import Any
 import click
 
 from vlite.cli.options import build_config, engine_options, pop_engine_overrides
+from vlite.core.config import VliteConfig
 from vlite.core.errors import InvalidRequestError, VliteError
+from vlite.core.memory import kv_cache_tokens_for_requests
 from vlite.core.outputs import CompletionOutput, RequestOutput
 from vlite.core.sampling_params import SAMPLING_PARAM_NAMES, SamplingParams
 
@@ -107,13 +109,20 @@ def run_command(prompts, input_file, chat, as_json, trace_file, config_file, **o
     config = build_config(config_file, overrides)
     params = [_sampling_params(defaults, spec.sampling) for spec in specs]
 
-    from vlite.engine.llm import LLM
+    from vlite.engine.input_processor import InputProcessor
 
-    llm = _construct(LLM, config)
+    # The prompts are tokenized before the engine is built, so that the KV cache holds
+    # what these requests can use and no more (see sized_for_requests).
+    model_spec, tokenizer = _guarded(_load_model_spec_and_tokenizer, config)
+    processor = InputProcessor(tokenizer, model_spec.vocab_size)
+    inputs = [_to_engine_prompt(processor, spec.prompt, chat) for spec in specs]
+    config = sized_for_requests(config, model_spec.max_model_len, inputs, params)
+    llm = _guarded(_build_llm, config, tokenizer)
     core = llm.llm_engine.engine_core
     click.echo(f"attention backend: {core.attention_backend_name}", err=True)
     click.echo(f"quantization: {core.quantization.describe(config.torch_dtype)}", err=True)
-    inputs = [_to_engine_prompt(llm, spec.prompt, chat) for spec in specs]
+    if core.memory_plan is not None:
+        click.echo(f"memory: {core.memory_plan.describe()}", err=True)
     if trace_file is not None:
         from vlite.core.stats import TraceWriter
 
@@ -150,13 +159,65 @@ class Refused(click.ClickException):
     exit_code = 2
 
 
-def _construct(llm_cls, config):
+def _guarded(build, *args):
+    """``build(*args)``; a refused setting or a missing model or package becomes a one-line
+    error."""
     try:
-        return llm_cls(config=config)
+        return build(*args)
     except (VliteError, ValueError, FileNotFoundError) as exc:
         raise Refused(str(exc)) from None
     except ImportError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def _construct(llm_cls, config):
+    """``llm_cls(config=config)``, its refusals as one-line errors (``vlite bench``)."""
+    return _guarded(lambda: llm_cls(config=config))
+
+
+def _load_model_spec_and_tokenizer(config):
+    from vlite.models.spec import ModelSpec
+
+    model_spec = ModelSpec.from_config(config)
+    return model_spec, model_spec.load_tokenizer()
+
+
+def _build_llm(config, tokenizer):
+    from vlite.engine.llm import LLM
+    from vlite.engine.llm_engine import LLMEngine
+
+    return LLM.from_engine(LLMEngine(config, tokenizer=tokenizer))
+
+
+def sized_for_requests(
+    config: VliteConfig,
+    max_model_len: int,
+    prompts: list[dict[str, Any]],
+    params: list[SamplingParams],
+) -> VliteConfig:
+    """``config`` with ``kv_cache_tokens`` set to what these requests can use.
+
+    Every sample of every request (``n`` samples: ``n`` sequences) may hold
+    ``min(prompt tokens + max_tokens, max_model_len)`` tokens, rounded up to blocks; the
+    cache holds the ``max_num_seqs`` largest at once
+    (:func:`~vlite.core.memory.kv_cache_tokens_for_requests`), within the memory budget
+    (``kv_cache_memory_gib``). A size the user set (``num_kv_blocks`` or ``kv_cache_tokens``,
+    by flag, environment or config file) is kept as it is.
+    """
+    if config.num_kv_blocks is not None or config.kv_cache_tokens is not None:
+        return config
+    sequences = [
+        (len(prompt["prompt_token_ids"]), request.max_tokens)
+        for prompt, request in zip(prompts, params, strict=True)
+        for _ in range(request.n)
+    ]
+    tokens = kv_cache_tokens_for_requests(
+        sequences,
+        max_model_len=max_model_len,
+        block_size=config.block_size,
+        max_num_seqs=config.max_num_seqs,
+    )
+    return config.model_copy(update={"kv_cache_tokens": tokens})
 
 
 def _read_prompts(prompts: tuple[str, ...], input_file) -> list[PromptSpec]:
@@ -196,13 +257,16 @@ def _parse_line(line: str, number: int) -> PromptSpec:
     return PromptSpec(record["prompt"], sampling, int(record.get("priority", 0)))
 
 
-def _to_engine_prompt(llm, prompt: str, chat: bool) -> str | dict[str, Any]:
-    if not chat:
-        return prompt
+def _to_engine_prompt(processor, prompt: str, chat: bool) -> dict[str, Any]:
+    """The prompt's text and token ids (with ``chat``: as a user message in the chat
+    template), tokenized as the engine would."""
     try:
-        return llm.llm_engine.apply_chat_template([{"role": "user", "content": prompt}])
+        if chat:
+            return processor.apply_chat_template([{"role": "user", "content": prompt}])
+        text, token_ids = processor.tokenize(prompt)
     except InvalidRequestError as exc:
         raise Refused(str(exc)) from None
+    return {"prompt": text, "prompt_token_ids": token_ids}
 
 
 def _format_output(index: int, prompt: str, output: RequestOutput, as_json: bool) -> str:

@@ -42,6 +42,12 @@ def serve_command(config_file, **options):
     --max-num-batched-tokens 128 on CPU, 2048 on CUDA (unless set), so a new prompt does
     not stall the streams already running.
 
+    The KV cache stays large by default: the server cannot know its load, so it takes the
+    smaller of the memory budget (--kv-cache-memory-gib: 2 GiB on CPU, 90% of free GPU
+    memory on CUDA) and what --max-num-seqs sequences of max_model_len tokens need (vlite
+    run, which knows its requests, sizes its cache to them). --num-kv-blocks sets the size
+    exactly, --kv-cache-tokens caps it; the plan is printed at start ("memory: ...").
+
     With --api-key (or VLITE_API_KEY), every route but /health and /metrics needs
     'Authorization: Bearer KEY'. SIGTERM or Ctrl-C drains: new requests get 503, running
     ones get --shutdown-timeout-s seconds, then the server stops (exit status 0; a second
@@ -96,6 +102,10 @@ def _announce(server) -> None:
     info = server.engine.engine_info
     click.echo(f"attention backend: {info.attention_backend_name}", err=True)
     click.echo(f"quantization: {info.quantization}", err=True)
+    for index, core in enumerate(server.engine.engine_infos):
+        if core.memory_plan is not None:
+            name = "memory" if len(server.engine.engine_infos) == 1 else f"memory (core {index})"
+            click.echo(f"{name}: {core.memory_plan.describe()}", err=True)
     config = server.config
     budget = config.resolved_max_num_batched_tokens(info.max_model_len)
     chunking = "on" if config.enable_chunked_prefill else "off"

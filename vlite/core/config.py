@@ -137,12 +137,25 @@ class VliteConfig(BaseSettings):
         True, description="Reuse the KV blocks of prompt prefixes computed before."
     )
     num_kv_blocks: int | None = Field(
-        None, ge=1, description="KV-cache blocks; overrides kv_cache_memory_gib."
+        None,
+        ge=1,
+        description="KV-cache blocks, exactly; overrides kv_cache_memory_gib and kv_cache_tokens.",
     )
     kv_cache_memory_gib: float | None = Field(
         None,
         gt=0,
-        description="Memory for the KV cache; default: 2 GiB on CPU, 90% of free memory on CUDA.",
+        description="The most memory the KV cache takes; the cache is the smaller of this "
+        "budget and what kv_cache_tokens need. Default: 2 GiB on CPU (at most a quarter of "
+        "the memory available), 90% of free memory on CUDA.",
+    )
+    kv_cache_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Tokens the KV cache should hold (rounded up to blocks), within "
+        "kv_cache_memory_gib. Default: max_num_seqs sequences of max_model_len tokens, so "
+        "the budget decides (vlite serve); vlite run sets what its requests can use: the "
+        "largest max_num_seqs of min(prompt + max_tokens, max_model_len), each rounded up "
+        "to blocks.",
     )
 
     ray_address: str | None = Field(

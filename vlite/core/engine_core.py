@@ -11,6 +11,7 @@ from vlite.core.config import VliteConfig
 from vlite.core.errors import InvalidRequestError
 from vlite.core.executor import Executor
 from vlite.core.kv_cache import KVCacheManager
+from vlite.core.memory import MemoryPlan
 from vlite.core.model import ModelDescription
 from vlite.core.outputs import EngineCoreOutputs, ModelRunnerOutput, SchedulerOutput
 from vlite.core.plugins import PluginRegistry, build_plugin_manager
@@ -214,6 +215,14 @@ class EngineCore:
         self.kv_cache_manager = KVCacheManager(
             num_blocks, config.block_size, config.enable_prefix_caching, kv_cache_window(windows)
         )
+        #: What the weights and the KV cache hold over every worker (``None``: the executor
+        #: does not report its workers' memory).
+        worker_memory = getattr(self.executor, "worker_memory", ())
+        self.memory_plan: MemoryPlan | None = (
+            MemoryPlan.from_workers(worker_memory, num_blocks, config.block_size)
+            if worker_memory
+            else None
+        )
         self.scheduler: Scheduler = build_scheduler(scheduler_cls, limits, self.kv_cache_manager)
         self._step_observers: list[StepObserver] = []
         #: Sums over every step run so far (what ``/metrics`` counts).
@@ -276,8 +285,10 @@ class EngineCore:
         if num_blocks > self.kv_cache_manager.num_blocks:
             raise InvalidRequestError(
                 f"request {core_request.request_id!r} may need {num_blocks} KV-cache blocks "
-                f"but the cache has {self.kv_cache_manager.num_blocks}; raise num_kv_blocks "
-                "or lower max_tokens"
+                f"but the cache has {self.kv_cache_manager.num_blocks} of "
+                f"{self.kv_cache_manager.block_size} tokens; lower max_tokens, or raise "
+                "num_kv_blocks (or kv_cache_tokens and kv_cache_memory_gib, which bound the "
+                "cache's default size)"
             )
 
     def _check_sampling(self, core_request: EngineCoreRequest) -> None:

@@ -10,6 +10,9 @@
   the engine with something its interface does not allow; the message names the plugin.
 - :class:`ExecutorFailedError`: the executor can never run another step (a worker process
   died or is unusable); the engine core stops instead of failing every later step.
+- :class:`ConfigError`: a setting the engine cannot run with on this model or machine (a
+  KV-cache budget that holds no block); the message names the setting, its value and what
+  is allowed. It is also a ``ValueError``.
 """
 
 from __future__ import annotations
@@ -29,3 +32,7 @@ class PluginError(VliteError, RuntimeError):
 
 class ExecutorFailedError(VliteError, RuntimeError):
     """The executor can run no more steps (its workers are gone); raised by executors."""
+
+
+class ConfigError(VliteError, ValueError):
+    """A setting the engine cannot run with here; the message names it and what is allowed."""

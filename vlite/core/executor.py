@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from concurrent.futures import Future
 
 from vlite.core.config import VliteConfig
+from vlite.core.memory import WorkerMemory
 from vlite.core.outputs import ModelRunnerOutput, SchedulerOutput
 from vlite.core.plugins import PluginRegistry
 
@@ -34,6 +35,10 @@ class Executor(ABC):
         #: constructor once the workers have loaded the model; the engine reports it and
         #: checks its capabilities. ``None``: not reported (the engine uses the config's).
         self.attention_backend_name: str | None = None
+        #: What each worker holds (its weights, one KV-cache block), set by the constructor
+        #: once the workers have loaded the model; the engine core adds them up into its
+        #: :class:`~vlite.core.memory.MemoryPlan`. Empty: not reported (no plan).
+        self.worker_memory: tuple[WorkerMemory, ...] = ()
 
     @abstractmethod
     def initialize_kv_cache(self) -> int:

@@ -15,6 +15,7 @@ from typing import Annotated
 
 import msgspec
 
+from vlite.core.memory import MemoryPlan
 from vlite.core.outputs import EngineCoreOutput
 from vlite.core.request import EngineCoreRequest, RequestStatus
 from vlite.core.stats import Metric, StepTotals
@@ -64,6 +65,8 @@ class EngineCoreInfo(msgspec.Struct, array_like=True):
     node: str = "local"
     #: ``CUDA_VISIBLE_DEVICES`` as the core saw it (``None``: not set).
     visible_devices: str | None = None
+    #: What the weights and the KV cache hold (``None``: the executor does not report it).
+    memory_plan: MemoryPlan | None = None
 
 
 class EngineCoreStats(msgspec.Struct, array_like=True):

@@ -127,6 +127,7 @@ class EngineCoreProc:
             input_address=self.input_address,
             node=self.node,
             visible_devices=os.environ.get(VISIBLE_DEVICES_VARIABLE),
+            memory_plan=core.memory_plan,
         )
 
     def watch_parent(self) -> None:

@@ -42,6 +42,14 @@ class LLM:
         self.config = config or VliteConfig(model=model, **kwargs)
         self.llm_engine = LLMEngine(self.config, registry)
 
+    @classmethod
+    def from_engine(cls, llm_engine: LLMEngine) -> LLM:
+        """An ``LLM`` around an engine the caller built (e.g. with a tokenizer it loaded)."""
+        llm = cls.__new__(cls)
+        llm.config = llm_engine.config
+        llm.llm_engine = llm_engine
+        return llm
+
     def get_tokenizer(self) -> Any:
         return self.llm_engine.get_tokenizer()
 

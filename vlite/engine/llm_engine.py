@@ -8,6 +8,7 @@ from typing import Any
 from vlite.core.config import VliteConfig
 from vlite.core.engine_core import EngineCore
 from vlite.core.errors import InvalidRequestError
+from vlite.core.memory import MemoryPlan
 from vlite.core.outputs import RequestFailure, RequestOutput
 from vlite.core.plugins import PluginRegistry
 from vlite.core.request import RequestStatus
@@ -21,13 +22,27 @@ from vlite.models.spec import ModelSpec
 
 
 class LLMEngine:
-    """The synchronous engine: add requests, call :meth:`step`, collect outputs."""
+    """The synchronous engine: add requests, call :meth:`step`, collect outputs.
 
-    def __init__(self, config: VliteConfig, registry: PluginRegistry | None = None) -> None:
+    Args:
+        config: the engine configuration.
+        registry: plugin classes to draw from; by default a fresh plugin manager's.
+        tokenizer: the model's tokenizer (``ModelSpec.load_tokenizer()``) when the caller
+            has loaded it already (``vlite run`` tokenizes its prompts to size the KV cache
+            before the engine is built); by default it is loaded here.
+    """
+
+    def __init__(
+        self,
+        config: VliteConfig,
+        registry: PluginRegistry | None = None,
+        *,
+        tokenizer: Any | None = None,
+    ) -> None:
         self.config = config
         self.model_spec = model_spec = ModelSpec.from_config(config)
         self.engine_core = EngineCore(config, model_spec, registry)
-        self.tokenizer = model_spec.load_tokenizer()
+        self.tokenizer = tokenizer if tokenizer is not None else model_spec.load_tokenizer()
         validate = StructuredOutputValidator(
             config.structured_outputs_backend, self.engine_core.registry
         )
@@ -99,6 +114,11 @@ class LLMEngine:
         self.abort_requests(request_ids)
         error_cls = InvalidRequestError if failure.is_invalid_request else EngineGenerateError
         raise error_cls(f"request {request_ids[0]!r}: {failure.message}")
+
+    @property
+    def memory_plan(self) -> MemoryPlan | None:
+        """What the weights and the KV cache hold (see :class:`~vlite.core.memory.MemoryPlan`)."""
+        return self.engine_core.memory_plan
 
     @property
     def last_step_stats(self) -> StepStats | None:

@@ -74,10 +74,13 @@ ToWorker = InitializeKVCache | ExecuteStep | Shutdown
 
 
 class ModelLoaded(msgspec.Struct, tag=True, array_like=True):
-    """The shard is loaded; how many KV blocks this rank's memory budget holds."""
+    """The shard is loaded; how many KV blocks this rank's memory budget holds, and what
+    its weights and one of its KV-cache blocks take (bytes)."""
 
     num_kv_blocks: int
     attention_backend_name: str
+    weights_bytes: int = 0
+    kv_cache_block_bytes: int = 0
 
 
 class KVCacheReady(msgspec.Struct, tag=True, array_like=True):

@@ -8,6 +8,8 @@ import torch
 
 from vlite.core.attention_selection import limits_violation, resolve_attention_backend
 from vlite.core.config import VliteConfig
+from vlite.core.errors import ConfigError
+from vlite.core.memory import WorkerMemory
 from vlite.core.outputs import ModelRunnerOutput, SchedulerOutput
 from vlite.core.plugins import PluginRegistry
 from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
@@ -131,24 +133,54 @@ class Worker:
         return self.model_runner
 
     def kv_cache_bytes_per_block(self) -> int:
+        """Bytes of one KV-cache block over this worker's layers (and heads)."""
         model = self.runner.model
         shape = model.attention.kv_cache_shape(1)
         return model.num_layers * int(torch.Size(shape).numel()) * self.dtype.itemsize
 
+    def weights_bytes(self) -> int:
+        """Bytes this worker's model holds (see :func:`model_weights_bytes`)."""
+        return model_weights_bytes(self.runner.model)
+
+    def memory_report(self) -> WorkerMemory:
+        """What this worker holds: its weights and one KV-cache block."""
+        return WorkerMemory(self.weights_bytes(), self.kv_cache_bytes_per_block())
+
     def determine_num_kv_blocks(self) -> int:
-        """``num_kv_blocks`` if set, else what the memory budget holds (capped by need)."""
+        """``num_kv_blocks`` if set, else the smaller of what the memory budget holds and
+        what ``kv_cache_tokens`` need (default: ``max_num_seqs`` sequences of
+        ``max_model_len`` tokens).
+
+        Raises:
+            ConfigError: the budget holds no block.
+        """
         if self.config.num_kv_blocks is not None:
             return self.config.num_kv_blocks
         budget = self._kv_cache_budget_bytes()
-        num_blocks = int(budget // self.kv_cache_bytes_per_block())
-        blocks_per_seq = -(-self.model_spec.max_model_len // self.config.block_size)
-        num_blocks = min(num_blocks, blocks_per_seq * self.config.max_num_seqs)
-        if num_blocks < 1:
-            raise ValueError(
-                f"the KV-cache budget of {budget / _GIB:.2f} GiB holds no block of "
-                f"{self.kv_cache_bytes_per_block()} bytes; raise kv_cache_memory_gib"
+        block_bytes = self.kv_cache_bytes_per_block()
+        budget_blocks = int(budget // block_bytes)
+        if budget_blocks < 1:
+            setting = (
+                f"kv_cache_memory_gib={self.config.kv_cache_memory_gib}"
+                if self.config.kv_cache_memory_gib is not None
+                else "the default KV-cache budget"
             )
-        return num_blocks
+            raise ConfigError(
+                f"{setting}: a budget of {budget / _GIB:.6f} GiB holds no KV-cache block of "
+                f"{block_bytes} bytes; allowed: kv_cache_memory_gib >= "
+                f"{block_bytes / _GIB:.6f}, or set num_kv_blocks"
+            )
+        return min(budget_blocks, self.needed_kv_blocks())
+
+    def needed_kv_blocks(self) -> int:
+        """The blocks ``kv_cache_tokens`` need, or by default every one of ``max_num_seqs``
+        sequences at ``max_model_len`` tokens."""
+        block_size = self.config.block_size
+        tokens = self.config.kv_cache_tokens
+        if tokens is None:
+            blocks_per_seq = -(-self.model_spec.max_model_len // block_size)
+            return blocks_per_seq * self.config.max_num_seqs
+        return -(-tokens // block_size)
 
     def _kv_cache_budget_bytes(self) -> float:
         if self.config.kv_cache_memory_gib is not None:
@@ -185,3 +217,21 @@ def _check_backend_supports(
     violation = limits_violation(backend_cls, dtype, head_dim, block_size)
     if violation is not None:
         raise ValueError(f"attention backend {name!r} does not support {violation}")
+
+
+def model_weights_bytes(model: torch.nn.Module) -> int:
+    """Bytes a model holds: its parameters and buffers, and for every module whose
+    ``quantized`` attribute is not ``None`` that object's ``nbytes`` (its ``blocks``'
+    where it has no ``nbytes``). A tensor or quantized object shared by several modules
+    (tied embeddings) counts once."""
+    total = sum(tensor.nbytes for tensor in model.parameters())
+    total += sum(tensor.nbytes for tensor in model.buffers())
+    seen: set[int] = set()
+    for module in model.modules():
+        quantized = getattr(module, "quantized", None)
+        if quantized is None or id(quantized) in seen:
+            continue
+        seen.add(id(quantized))
+        nbytes = getattr(quantized, "nbytes", None)
+        total += int(nbytes) if nbytes is not None else int(quantized.blocks.nbytes)
+    return total

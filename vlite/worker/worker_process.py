@@ -77,8 +77,15 @@ def build_worker(bootstrap: WorkerBootstrap):
 
 
 def report_loaded(worker) -> ModelLoaded:
-    """What a loaded worker tells its executor: its KV-block budget and attention backend."""
-    return ModelLoaded(worker.determine_num_kv_blocks(), worker.attention_backend_name or "")
+    """What a loaded worker tells its executor: its KV-block budget, attention backend,
+    and the bytes of its weights and of one KV-cache block."""
+    memory = worker.memory_report()
+    return ModelLoaded(
+        worker.determine_num_kv_blocks(),
+        worker.attention_backend_name or "",
+        memory.weights_bytes,
+        memory.kv_cache_block_bytes,
+    )
 
 
 def serve(conn: Connection, worker, rank: int) -> None:

@@ -88,6 +88,34 @@ def test_the_kv_cache_takes_the_smallest_rank_budget():
     assert executor.pool.num_blocks == 37
 
 
+def test_tensor_parallel_ranks_agree_on_the_cache_and_report_their_memory(model, registry):
+    # Each rank sizes its own cache (one of the two KV heads); kv_cache_tokens=40 is three
+    # blocks on both, and the plan adds the ranks' bytes up to the whole model's block.
+    llm = call_with_timeout(
+        lambda: LLM(
+            model=model,
+            registry=registry,
+            executor="multiproc",
+            tensor_parallel_size=2,
+            kv_cache_tokens=40,
+        ),
+        HANG_TIMEOUT_S,
+        "constructing the engine",
+    )
+    try:
+        core = llm.llm_engine.engine_core
+        assert core.executor._num_kv_blocks_per_rank == [3, 3]
+        assert core.kv_cache_manager.num_blocks == 3
+        plan = llm.llm_engine.memory_plan
+        assert plan.num_workers == 2 and plan.kv_cache_blocks == 3
+        ranks = core.executor.worker_memory
+        assert [rank.kv_cache_block_bytes for rank in ranks] == [2 * 16 * 1 * 16 * 2 * 4] * 2
+        assert plan.kv_cache_block_bytes == sum(rank.kv_cache_block_bytes for rank in ranks)
+        assert plan.weights_bytes == sum(rank.weights_bytes for rank in ranks) > 0
+    finally:
+        call_with_timeout(llm.llm_engine.shutdown, HANG_TIMEOUT_S, "shutdown")
+
+
 def test_threads_are_shared_between_workers():
     num_cpus = len(os.sched_getaffinity(0))
     assert threads_per_worker(1) == num_cpus

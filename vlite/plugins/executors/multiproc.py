@@ -31,6 +31,7 @@ import msgspec
 from vlite.core.config import VliteConfig
 from vlite.core.executor import Executor
 from vlite.core.hookspecs import hookimpl
+from vlite.core.memory import WorkerMemory
 from vlite.core.outputs import ModelRunnerOutput, SchedulerOutput
 from vlite.core.plugins import PluginRegistry
 from vlite.models.spec import ModelSpec
@@ -63,6 +64,9 @@ class MultiprocExecutor(Executor):
             raise
         self.attention_backend_name = loaded[0].attention_backend_name
         self._num_kv_blocks_per_rank = [reply.num_kv_blocks for reply in loaded]
+        self.worker_memory = tuple(
+            WorkerMemory(reply.weights_bytes, reply.kv_cache_block_bytes) for reply in loaded
+        )
         self._encoder = msgspec.msgpack.Encoder()
         self._awaiting: deque[_ReplyFuture] = deque()
 

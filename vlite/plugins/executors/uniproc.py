@@ -31,6 +31,7 @@ class UniprocExecutor(Executor):
         self.worker = Worker(config, registry)
         self.worker.load_model()
         self.attention_backend_name = self.worker.attention_backend_name
+        self.worker_memory = (self.worker.memory_report(),)
         self._thread: ThreadPoolExecutor | None = None
         if config.async_scheduling:
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="vlite-uniproc-worker")

@@ -21,6 +21,7 @@ import msgspec
 
 from vlite.core.config import VliteConfig
 from vlite.core.executor import Executor
+from vlite.core.memory import WorkerMemory
 from vlite.core.outputs import ModelRunnerOutput, SchedulerOutput
 from vlite.core.plugins import PluginRegistry
 from vlite.plugins.executors.multiproc import check_model_splits
@@ -66,6 +67,9 @@ class RayExecutor(Executor):
             raise
         self.attention_backend_name = loaded[0].attention_backend_name
         self._num_kv_blocks_per_rank = [reply.num_kv_blocks for reply in loaded]
+        self.worker_memory = tuple(
+            WorkerMemory(reply.weights_bytes, reply.kv_cache_block_bytes) for reply in loaded
+        )
         self._encoder = msgspec.msgpack.Encoder()
         self._output_decoder = msgspec.msgpack.Decoder(ModelRunnerOutput)
         self._step: PendingStep | None = None
