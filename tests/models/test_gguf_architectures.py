@@ -89,9 +89,13 @@ ARCHITECTURE_FIELDS = {
 }
 
 
-def make_tiny_gguf(root: Path, case: str, **writer_options) -> tuple[Path, Path]:
-    """``(Hugging Face folder, GGUF file converted from it)`` for one of :data:`CASES`."""
+def make_tiny_gguf(
+    root: Path, case: str, model_overrides: dict | None = None, **writer_options
+) -> tuple[Path, Path]:
+    """``(Hugging Face folder, GGUF file converted from it)`` for one of :data:`CASES`
+    (``model_overrides`` changes the tiny model's config further)."""
     architecture, overrides = CASES[case]
+    overrides = {**overrides, **(model_overrides or {})}
     folder = make_tiny_model(
         root / "hf", architecture, num_kv_heads=2, tie_word_embeddings=False, **overrides
     )
@@ -286,18 +290,20 @@ def test_f16_stacked_experts_load_as_the_checkpoint_rounded_to_f16(tmp_path):
         assert torch.equal(weights[name], expected), name
 
 
-def test_quantized_experts_are_dequantized_and_run_like_transformers(tmp_path):
-    """Q8_0 everywhere: dense matrices stay block-quantized when asked, experts come
-    dequantized (FusedMoE takes float weights); the default quantization='auto' runs the
-    file and its greedy tokens equal transformers' on the same file."""
+def test_quantized_experts_stay_quantized_and_run_like_transformers(tmp_path):
+    """Q8_0 everywhere: dense matrices and every expert's matrix stay block-quantized when
+    asked (an expert's rows of the stacked tensor, exactly the file's values); the default
+    quantization='auto' keeps the experts in FusedMoE, and its greedy tokens equal
+    transformers' on the same file."""
     folder, path = make_tiny_gguf(tmp_path, "qwen3moe", quantize=("Q8_0", "Q8_0"))
     weights = dict(iter_gguf_weights(path, keep_types=frozenset({"Q8_0"}), show_progress=False))
     assert isinstance(weights["model.layers.0.self_attn.q_proj.weight"], BlockQuantizedTensor)
     expert = weights["model.layers.1.mlp.experts.3.down_proj.weight"]
+    assert isinstance(expert, BlockQuantizedTensor) and expert.tensor_type == "Q8_0"
     original = checkpoint(folder)["model.layers.1.mlp.experts.3.down_proj.weight"]
     q8 = gguf.quants.quantize(original.numpy(), gguf.GGMLQuantizationType.Q8_0)
     roundtrip = gguf.quants.dequantize(q8, gguf.GGMLQuantizationType.Q8_0)
-    assert expert.dtype == torch.float32 and torch.equal(expert, torch.from_numpy(roundtrip))
+    assert torch.equal(expert.dequantize(), torch.from_numpy(roundtrip))
 
     hf_model = AutoModelForCausalLM.from_pretrained(
         tmp_path,
@@ -308,12 +314,48 @@ def test_quantized_experts_are_dequantized_and_run_like_transformers(tmp_path):
     hf_model.generation_config.eos_token_id = None
     prompts = [[5, 6, 7, 8, 9], list(range(20, 60)), [100, 3]]
     llm = LLM(model=str(path), num_kv_blocks=32)  # quantization="auto"
+    model = llm.llm_engine.engine_core.executor.worker.runner.model
+    experts = model.model.layers[1].mlp.experts
+    assert experts.quantized is not None and experts.w13 is None
+    assert experts.quantized.w13.shape == (4, 2 * experts.intermediate_size, 64)
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     for prompt, output in zip(prompts, outputs, strict=True):
         with torch.no_grad():
             expected = hf_model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)
         assert output.outputs[0].token_ids == expected[0, len(prompt) :].tolist()
+
+
+#: case -> the module of layer 1 whose weight must stay quantized on the quantized path.
+QUANTIZED_MODULE = {
+    "phi3": "self_attn.qkv_proj",  # fused in the file: cut into q/k/v by the format
+    "mixtral": "mlp.experts",
+    "qwen2moe": "mlp.experts",
+    "qwen3moe": "mlp.experts",
+    "olmoe": "mlp.experts",
+    "smollm3": "mlp.gate_up_proj",
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_quantized_files_keep_fused_matrices_and_experts_quantized(tmp_path, case):
+    """Q8_0 everywhere: Phi-3's fused matrices and the mixtures' experts stay quantized
+    (they used to be dequantized), and the greedy tokens equal the float32 path's."""
+    # Every width a multiple of Q8_0's 32-value blocks (the tiny Qwen2-MoE's shared expert
+    # has 48 features).
+    overrides = {"shared_expert_intermediate_size": 64} if case == "qwen2moe" else {}
+    _, path = make_tiny_gguf(tmp_path, case, overrides, quantize=("Q8_0", "Q8_0"))
+    prompts = [[5, 6, 7, 8, 9], list(range(20, 60)), [100, 3]]
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    tokens = {}
+    for quantization in ("auto", "none"):
+        llm = LLM(model=str(path), quantization=quantization, num_kv_blocks=32)
+        model = llm.llm_engine.engine_core.executor.worker.runner.model
+        module = model.get_submodule(f"model.layers.1.{QUANTIZED_MODULE[case]}")
+        assert (module.quantized is not None) == (quantization == "auto")
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        tokens[quantization] = [o.outputs[0].token_ids for o in outputs]
+    assert tokens["auto"] == tokens["none"]
 
 
 def test_qwen2moe_layers_without_a_router_are_dense(tmp_path):

@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 
 import vlite
 from vlite import LLM, SamplingParams
@@ -24,6 +25,8 @@ from vlite.plugins.executors.uniproc import UniprocExecutor
 from vlite.plugins.samplers.default import DefaultSampler
 from vlite.plugins.schedulers.fcfs import FcfsPolicy
 from vlite.plugins.structured_outputs.xgrammar_backend import XGrammarBackend
+from vlite.plugins.weight_formats.gguf import GGUFBlockFormat
+from vlite.testing.tiny_gguf import write_tiny_gguf
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "plugins.md"
 HOOKSPECS = {
@@ -40,6 +43,7 @@ INTERFACES = {
     "model": "CausalLM",
     "structured_output_backend": "StructuredOutputBackend",
     "logits_processor": "LogitsProcessor",
+    "weight_format": "WeightFormat",
 }
 
 
@@ -166,8 +170,19 @@ class RecordingLogitsProcessor(LogitsProcessor):
         return logits
 
 
+class RecordingWeightFormat(GGUFBlockFormat):
+    def linear(self, weight, x):
+        CALLS["weight_format.linear"] += 1
+        return super().linear(weight, x)
+
+
 class RecordingPlugin:
     """Implements every registration hook, counting calls."""
+
+    @vlite.hookimpl
+    def register_weight_formats(self, register):
+        CALLS["register_weight_formats"] += 1
+        register("recording", RecordingWeightFormat)
 
     @vlite.hookimpl
     def register_structured_output_backends(self, register):
@@ -228,9 +243,24 @@ def test_registration_hooks_are_called_and_the_engine_uses_what_they_register(ti
     )
     outputs = llm.generate(["Hello"], params, use_tqdm=False)
     assert len(outputs[0].outputs[0].token_ids) == 3
-    for kind in PLUGIN_KINDS:
+    for kind in set(PLUGIN_KINDS) - {"weight_format"}:  # a float model: see the next test
         used = [key for key in CALLS if key.startswith(f"{kind}.")]
         assert used and all(CALLS[key] >= 3 for key in used), f"the {kind} was not used"
+
+
+def test_a_registered_weight_format_computes_a_quantized_model(tiny_model, tmp_path):
+    """The plan keeps a GGUF file's quantized matrices in the registered format (preferred
+    to the built-in one), and the model's products run through it."""
+    path = write_tiny_gguf(tiny_model, tmp_path / "tiny-q.gguf", quantize=("Q4_1", "Q8_0"))
+    CALLS.clear()
+    registry = PluginRegistry(build_plugin_manager(extra_plugins=(RecordingPlugin(),)))
+    assert CALLS["register_weight_formats"] == 1
+    llm = LLM(model=str(path), registry=registry, num_kv_blocks=16)
+    plan = llm.llm_engine.engine_core.quantization
+    assert plan.format_names == {"Q4_1": "recording", "Q8_0": "recording"}
+    assert "kept quantized (weight format 'recording':" in plan.describe(torch.float32)
+    llm.generate(["Hello"], SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
+    assert CALLS["weight_format.linear"] >= 3
 
 
 CLI_PLUGIN = """
@@ -270,6 +300,7 @@ EXERCISED_BY = {
         test_registration_hooks_are_called_and_the_engine_uses_what_they_register,
     ),
     "register_cli_commands": test_register_cli_commands_is_called_by_main,
+    "register_weight_formats": test_a_registered_weight_format_computes_a_quantized_model,
 }
 
 

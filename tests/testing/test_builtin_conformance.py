@@ -20,6 +20,7 @@ from vlite.testing import (
     SamplerConformance,
     SchedulerConformance,
     StructuredOutputBackendConformance,
+    WeightFormatConformance,
 )
 from vlite.testing.conformance import CONFORMANCE_SUITES
 
@@ -113,6 +114,15 @@ class TestBuiltinLogitsProcessors(LogitsProcessorConformance):
         return request.param
 
 
+class TestBuiltinWeightFormats(WeightFormatConformance):
+    load_entry_points = False
+
+    @pytest.fixture(scope="class", params=builtin_names("weight_format"))
+    @classmethod
+    def conformance_plugin_name(cls, request) -> str:
+        return request.param
+
+
 TESTED_KINDS = {
     cls.plugin_kind
     for cls in (
@@ -122,6 +132,7 @@ TESTED_KINDS = {
         TestBuiltinExecutors,
         TestBuiltinStructuredOutputBackends,
         TestBuiltinLogitsProcessors,
+        TestBuiltinWeightFormats,
     )
 }
 

@@ -20,6 +20,7 @@ from vlite.core.sampler import unsupported_sampling_options
 from vlite.core.scheduler import Scheduler, SchedulerLimits, build_scheduler, resolve_limits
 from vlite.core.stats import BatchEntry, StepObserver, StepRecord, StepStats, StepTotals
 from vlite.core.structured_output_manager import StructuredOutputManager
+from vlite.core.weight_format import registered_weight_formats
 
 #: How long a step with nothing to run but requests whose grammar compiles waits for one.
 GRAMMAR_WAIT_S = 0.01
@@ -189,7 +190,7 @@ class EngineCore:
         )
         #: Which weights stay quantized (``config.quantization`` for this model and device).
         self.quantization = self.model_spec.quantization_plan(
-            config.quantization, config.torch_device
+            config.quantization, config.torch_device, registered_weight_formats(self.registry)
         )
         self.executor: Executor = executor_cls(config, self.registry)
         try:

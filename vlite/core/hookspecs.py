@@ -25,17 +25,19 @@ import pluggy
 PROJECT_NAME = "vlite"
 
 #: Version of the plugin API: the hooks below and the plugin interfaces in ``vlite.core``
-#: (``SchedulingPolicy``, ``AttentionBackend``, ``Sampler``, ``Executor``, ``CausalLM``) with
-#: their metadata types. It is raised by one whenever they change in a way a plugin could
-#: notice: a hook or an interface member added, changed or removed. A plugin declares the
-#: versions it works with as ``VLITE_PLUGIN_API = ">=2,<3"`` (or ``2``, meaning ``>=2``).
-PLUGIN_API_VERSION = 3
+#: (``SchedulingPolicy``, ``AttentionBackend``, ``Sampler``, ``Executor``, ``CausalLM``,
+#: ``StructuredOutputBackend``, ``LogitsProcessor``, ``WeightFormat``) with their metadata
+#: types. It is raised by one whenever they change in a way a plugin could notice: a hook or
+#: an interface member added, changed or removed. A plugin declares the versions it works with
+#: as ``VLITE_PLUGIN_API = ">=2,<3"`` (or ``2``, meaning ``>=2``).
+PLUGIN_API_VERSION = 4
 #: Every plugin API version this vlite still serves, oldest first. A plugin loads if its
 #: ``VLITE_PLUGIN_API`` admits any of them. Version 1 differs only in how schedulers are
 #: written (subclasses of ``vlite.core.scheduler.Scheduler``, deprecated; version 2 registers
 #: ``SchedulingPolicy`` subclasses and moved chunked prefill into the mechanism). Version 3
-#: added the structured-output backend and logits-processor kinds; nothing older changed.
-SUPPORTED_PLUGIN_APIS = (1, 2, 3)
+#: added the structured-output backend and logits-processor kinds, version 4 the weight-format
+#: kind (and the model classes' GGUF tensor-name hook); nothing older changed.
+SUPPORTED_PLUGIN_APIS = (1, 2, 3, 4)
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
@@ -153,6 +155,33 @@ def register_logits_processors(register: Register) -> None:
         checks an implementation.
 
     Called in every process that builds a model runner (workers).
+    """
+
+
+@hookspec
+def register_weight_formats(register: Register) -> None:
+    """Register weight formats: encodings (GGUF's block-quantized types, ...) in which
+    matrices stay in memory and are multiplied without a float copy.
+
+    :param register: ``register(name, cls)``; ``cls`` subclasses
+        :class:`vlite.core.weight_format.WeightFormat` and is constructed as ``cls()``. It
+        names the stored tensor types it takes (``tensor_types``) and loads, cuts (tensor
+        parallelism), joins (fused layers, stacked experts), multiplies (``linear``,
+        ``expert_linear``), gathers embedding rows from and dequantizes the
+        :class:`~vlite.core.weight_format.QuantizedWeight` objects it makes. The quantization
+        plan keeps each tensor in the first registered format that takes its type and runs
+        on the device (installed plugins before vlite's built-in ``gguf``).
+        ``vlite.testing.WeightFormatConformance`` checks an implementation.
+
+    Called at engine construction, in the engine-core process (for the quantization plan
+    it reports) and in every process that builds a model (workers), which load the weights
+    through the chosen formats.
+
+    Example::
+
+        @vlite.hookimpl
+        def register_weight_formats(register):
+            register("my-q4", MyQ4Format)
     """
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 import torch
@@ -50,9 +50,13 @@ class ModelDescription(Protocol):
         then runs without prefix caching), or ``None``."""
         ...
 
-    def quantization_plan(self, setting: str, device: torch.device) -> Any:
-        """Which weights stay quantized for ``setting`` on ``device`` (``describe(dtype)``
-        gives the line ``vlite run`` prints)."""
+    def quantization_plan(
+        self, setting: str, device: torch.device, formats: Mapping[str, Any] | None = None
+    ) -> Any:
+        """Which weights stay quantized for ``setting`` on ``device``, in which of the
+        registered weight ``formats`` (name -> :class:`~vlite.core.weight_format.WeightFormat`
+        instance, in order of preference; ``describe(dtype)`` gives the line ``vlite run``
+        prints)."""
         ...
 
     @property

@@ -48,6 +48,7 @@ PLUGIN_KINDS: dict[str, str] = {
     "model": "register_models",
     "structured_output_backend": "register_structured_output_backends",
     "logits_processor": "register_logits_processors",
+    "weight_format": "register_weight_formats",
 }
 
 
@@ -336,22 +337,30 @@ def registration_problem(kind: str, obj: Any) -> str | None:
     Every kind takes a class (the engine instantiates it); schedulers subclass
     :class:`~vlite.core.scheduling_policy.SchedulingPolicy` (or, plugin API 1,
     :class:`~vlite.core.scheduler.Scheduler` defining both required policy methods),
-    attention backends and executors subclass the core's base class, samplers and models
-    have the methods of their protocol (:class:`~vlite.core.sampler.Sampler`,
-    :class:`~vlite.core.model.CausalLM`).
+    attention backends, executors and weight formats subclass the core's base class,
+    samplers and models have the methods of their protocol
+    (:class:`~vlite.core.sampler.Sampler`, :class:`~vlite.core.model.CausalLM`).
     """
     from vlite.core.attention import AttentionBackend
     from vlite.core.executor import Executor
     from vlite.core.scheduler import Scheduler
     from vlite.core.scheduling_policy import SchedulingPolicy
+    from vlite.core.weight_format import WeightFormat
 
     if not isinstance(obj, type):
         return "is not a class (register the class, not an instance)"
     if kind == "scheduler":
         return _scheduler_problem(obj, SchedulingPolicy, Scheduler)
-    bases = {"attention_backend": AttentionBackend, "executor": Executor}
+    bases = {
+        "attention_backend": AttentionBackend,
+        "executor": Executor,
+        "weight_format": WeightFormat,
+    }
     if kind in bases and not issubclass(obj, bases[kind]):
         return f"does not subclass {_qualified(bases[kind])}"
+    abstract = sorted(getattr(obj, "__abstractmethods__", ()))
+    if kind == "weight_format" and abstract:
+        return f"does not implement {', '.join(abstract)}"
     methods = {
         "sampler": ("sample",),
         "model": ("forward", "compute_logits", "load_weights"),

@@ -23,6 +23,13 @@ Two implementations of the experts' computation, chosen by ``FusedMoE.impl``:
 - ``"auto"`` (default): ``"triton"`` for CUDA tensors in float32, bfloat16 or float16 when
   ``triton`` is installed, ``"torch"`` otherwise.
 
+Quantized experts: when every local expert's three matrices arrive as quantized weights of
+one weight format (a GGUF file's blocks: :mod:`vlite.core.weight_format`), gate and up of
+one type and down of one type, the layer keeps them in that format as :attr:`FusedMoE.quantized`
+(stacked ``w13`` and ``w2``, the float parameters dropped) and runs the experts through the
+format's grouped product (``expert_linear``) whatever ``impl`` says; otherwise quantized
+matrices are dequantized into the float parameters.
+
 The environment variable ``VLITE_MOE_IMPL`` (``auto``, ``torch`` or ``triton``) sets the
 default of every layer built after it is set, e.g. ``VLITE_MOE_IMPL=torch vlite ...`` to
 compare with the reference, or ``VLITE_MOE_IMPL=triton`` to run the kernels on CPU.
@@ -33,11 +40,13 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vlite.core.weight_format import QuantizedWeight, joinable
 from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 
 #: The checkpoint's names for an expert's three matrices, by role (Mixtral: w1, w3, w2).
@@ -81,6 +90,25 @@ def route(
     return weights, experts
 
 
+@dataclass(frozen=True)
+class QuantizedExperts:
+    """A layer's local experts kept in a weight format.
+
+    Attributes:
+        w13: ``[num_local_experts, 2 * intermediate, hidden]``: each expert's gate rows,
+            then its up rows.
+        w2: ``[num_local_experts, hidden, intermediate]``: each expert's down matrix.
+    """
+
+    w13: QuantizedWeight
+    w2: QuantizedWeight
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes both stacks hold."""
+        return self.w13.nbytes + self.w2.nbytes
+
+
 class FusedMoE(nn.Module):
     """One layer's experts (see the module docstring).
 
@@ -118,9 +146,16 @@ class FusedMoE(nn.Module):
         self.first_expert, self.end_expert = tp_group.shard_range(num_experts)
         num_local = self.end_expert - self.first_expert
         self.intermediate_size = intermediate_size
+        self.hidden_size = hidden_size
         self.w13 = nn.Parameter(torch.empty(num_local, 2 * intermediate_size, hidden_size))
         self.w2 = nn.Parameter(torch.empty(num_local, hidden_size, intermediate_size))
+        #: The local experts in their weight format, when they arrived quantized (then
+        #: ``w13`` and ``w2`` are ``None``); a memory report sums its ``nbytes``.
+        self.quantized: QuantizedExperts | None = None
         self._loaded: set[tuple[int, str]] = set()
+        #: Quantized matrices of local experts, (local expert, piece) -> weight, until all
+        #: have come.
+        self._pending: dict[tuple[int, str], QuantizedWeight] = {}
 
     #: Its parameters are filled by :meth:`load_expert`, not by the generic loader.
     loads_own_weights = True
@@ -138,11 +173,12 @@ class FusedMoE(nn.Module):
 
     def expected_shape(self, piece: str) -> tuple[int, int]:
         """The checkpoint shape of one expert's ``piece`` (``"gate"``, ``"up"``, ``"down"``)."""
-        hidden, inner = self.w2.shape[1], self.intermediate_size
+        hidden, inner = self.hidden_size, self.intermediate_size
         return (hidden, inner) if piece == "down" else (inner, hidden)
 
-    def load_expert(self, expert: int, piece: str, tensor: torch.Tensor) -> None:
-        """Copy one expert's matrix in (experts of other ranks are skipped)."""
+    def load_expert(self, expert: int, piece: str, tensor: torch.Tensor | QuantizedWeight) -> None:
+        """Take one expert's matrix (experts of other ranks are skipped): a float one is
+        copied in at once, a quantized one waits for the others (see the module docstring)."""
         if piece not in PIECES:
             raise ValueError(f"unknown expert matrix {piece!r}; expected one of {PIECES}")
         if not 0 <= expert < self.num_experts:
@@ -156,6 +192,15 @@ class FusedMoE(nn.Module):
         if not self.first_expert <= expert < self.end_expert:
             return
         local = expert - self.first_expert
+        if isinstance(tensor, QuantizedWeight):
+            self._pending[(local, piece)] = tensor
+        else:
+            self._copy_expert(local, piece, tensor)
+        num_local_loaded = sum(self.first_expert <= e < self.end_expert for e, _ in self._loaded)
+        if num_local_loaded == (self.end_expert - self.first_expert) * len(PIECES):
+            self._settle_quantized()
+
+    def _copy_expert(self, local: int, piece: str, tensor: torch.Tensor) -> None:
         inner = self.intermediate_size
         with torch.no_grad():
             if piece == "gate":
@@ -164,6 +209,25 @@ class FusedMoE(nn.Module):
                 self.w13[local, inner:].copy_(tensor)
             else:
                 self.w2[local].copy_(tensor)
+
+    def _settle_quantized(self) -> None:
+        """Every local matrix has come: keep the quantized ones in their format when all
+        are (gate and up joinable, the downs joinable), else dequantize them in."""
+        pending, self._pending = self._pending, {}
+        if not pending or self.quantized is not None:
+            return
+        num_local = self.end_expert - self.first_expert
+        gate_up = [[pending.get((e, "gate")), pending.get((e, "up"))] for e in range(num_local)]
+        down = [pending.get((e, "down")) for e in range(num_local)]
+        if joinable([m for pair in gate_up for m in pair]) and joinable(down):
+            w13_format, w2_format = gate_up[0][0].format, down[0].format
+            w13 = w13_format.stack([w13_format.cat_rows(pair) for pair in gate_up])
+            self.quantized = QuantizedExperts(w13, w2_format.stack(down))
+            self.w13 = None
+            self.w2 = None
+            return
+        for (local, piece), weight in pending.items():
+            self._copy_expert(local, piece, weight.dequantize())
 
     def missing_weights(self) -> list[str]:
         """``"expert 3 up"`` for every expert matrix not loaded yet."""
@@ -180,7 +244,9 @@ class FusedMoE(nn.Module):
         """``hidden`` ``[T, hidden]`` and ``router_logits`` ``[T, num_experts]`` ->
         ``[T, hidden]``: the routed experts' outputs, weighted and summed per token."""
         weights, experts = route(router_logits, self.top_k, self.renormalize)
-        if self.uses_triton(hidden):
+        if self.quantized is not None:
+            out = self._quantized_experts(hidden, weights, experts)
+        elif self.uses_triton(hidden):
             out = self._triton_experts(hidden, weights, experts)
         else:
             out = self._torch_experts(hidden, weights, experts)
@@ -224,6 +290,26 @@ class FusedMoE(nn.Module):
             self.num_experts,
             interpreted=kernels.interpreted,
         )
+
+    def _quantized_experts(
+        self, hidden: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor
+    ) -> torch.Tensor:
+        """The local experts through their weight format: the (token, expert) pairs sorted
+        by expert, two grouped products (``expert_linear``) in float32."""
+        flat_experts = experts.flatten()  # [T * top_k], pair i is token i // top_k
+        order = torch.argsort(flat_experts, stable=True)
+        counts = torch.bincount(flat_experts, minlength=self.num_experts).tolist()
+        sizes = counts[self.first_expert : self.end_expert]
+        start = sum(counts[: self.first_expert])
+        pairs = order[start : start + sum(sizes)]
+        tokens = pairs // self.top_k
+        w13, w2 = self.quantized.w13, self.quantized.w2
+        gate, up = w13.format.expert_linear(w13, hidden[tokens].float(), sizes).chunk(2, dim=-1)
+        expert_out = w2.format.expert_linear(w2, F.silu(gate) * up, sizes)
+        expert_out = expert_out * weights.flatten()[pairs, None]
+        out = torch.zeros_like(hidden)
+        out.index_add_(0, tokens, expert_out.to(out.dtype))
+        return out
 
     def _torch_experts(
         self, hidden: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor

@@ -35,6 +35,7 @@ from vlite.core.attention import AttentionBackend, AttentionMetadata
 from vlite.core.hookspecs import Register, hookimpl
 from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vlite.distributed.pipeline import SINGLE_STAGE, PipelineParallelGroup
+from vlite.models.gguf_names import GEMMA_MODULES, LLAMA_LAYER_MODULES
 from vlite.models.llama import (
     LlamaAttention,
     LlamaForCausalLM,
@@ -177,6 +178,8 @@ class GemmaForCausalLM(LlamaForCausalLM):
     #: A stage hands the next one the residual stream only (the norms sandwich the blocks).
     num_intermediate_tensors = 1
     supports_block_quantized_weights = False
+    #: Gemma's four norms per layer, by their GGUF names.
+    gguf_layer_modules = {**LLAMA_LAYER_MODULES, **GEMMA_MODULES}
 
     def __init__(
         self,

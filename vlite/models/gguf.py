@@ -8,18 +8,20 @@ turns it into what the rest of vlite expects from a Hugging Face folder:
   :mod:`vlite.models.gguf_config` for the architectures: llama, Mixtral as llama, qwen2,
   qwen3, smollm3, phi3, qwen2moe, qwen3moe, olmoe, gemma2, gemma3);
 - :func:`iter_gguf_weights`: ``(Hugging Face name, tensor)`` pairs shaped as in a
-  safetensors checkpoint: float32, dequantized one tensor at a time, or, for the block types
-  the caller asks to keep, :class:`~vlite.models.quantization.BlockQuantizedTensor`;
+  safetensors checkpoint: float32, dequantized one tensor at a time, or, for the types the
+  caller keeps, the weight format's :class:`~vlite.core.weight_format.QuantizedWeight`
+  (loaded from the file's bytes);
 - :func:`load_gguf_tokenizer`: the ``transformers`` tokenizer stored in the file.
 
 Four traps of the format, handled here:
 
-- Tensor names differ (``blk.3.attn_q.weight`` is ``model.layers.3.self_attn.q_proj.weight``;
-  see :mod:`vlite.models.gguf_names`).
+- Tensor names differ (``blk.3.attn_q.weight`` is ``model.layers.3.self_attn.q_proj.weight``):
+  the model class names them (its ``hf_name_for_gguf_tensor``; the Llama family's tables are
+  in :mod:`vlite.models.gguf_names`).
 - Experts are stacked: ``blk.N.ffn_gate_exps.weight`` ``[num_experts, inner, hidden]``
-  holds every expert's gate. Each expert's slice is dequantized and yielded under its own
-  Hugging Face name; experts are never kept block-quantized (vlite's FusedMoE takes float
-  weights).
+  holds every expert's gate. Each expert's slice is yielded under its own Hugging Face
+  name, quantized (its rows of the stack's bytes) when its type is kept, else dequantized
+  alone.
 - For llama-family architectures (``llama``, hence Mixtral, and ``smollm3``) llama.cpp's
   converter reorders the rows of every head of the Q and K projections: Hugging Face's
   RoPE rotates the pair ``(x[i], x[i + d/2])`` ("rotate half") while llama.cpp runs these
@@ -39,7 +41,7 @@ Parsing a file's header (about 2 s for a 49k-token vocabulary) is done once per 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,9 +50,11 @@ import gguf
 import numpy as np
 import torch
 
+from vlite.core.weight_format import QuantizedWeight, WeightFormat
 from vlite.models.gguf_config import gguf_hf_config
-from vlite.models.gguf_names import ExpertTensor, expert_tensor, hf_expert_name, hf_weight_name
-from vlite.models.quantization import BlockQuantizedTensor
+from vlite.models.gguf_names import ExpertTensor, expert_tensor, hf_name_for_gguf_tensor
+from vlite.models.gguf_names import hf_weight_name as hf_weight_name  # re-exported
+from vlite.plugins.weight_formats.gguf import GGUF_FORMAT
 
 #: Metadata arrays longer than this (the vocabulary, the BPE merges) are not kept by
 #: :func:`read_gguf`: the config needs none of them and the tokenizer reads its own.
@@ -200,51 +204,108 @@ def tensor_type_names(gguf_file: GGUFFile) -> list[str]:
     return [tensor.tensor_type.name for tensor in gguf_file.tensors]
 
 
-def block_tensor(tensor: gguf.ReaderTensor) -> BlockQuantizedTensor:
-    """A 2-D block-quantized GGUF tensor as a copy of its bytes, one row per matrix row."""
+def raw_rows(data: np.ndarray, rows: int) -> torch.Tensor:
+    """A matrix's stored bytes as a new contiguous ``uint8`` tensor ``[rows, row_bytes]``
+    (what :meth:`~vlite.core.weight_format.WeightFormat.load` takes)."""
+    return torch.from_numpy(np.array(data, copy=True).view(np.uint8).reshape(rows, -1))
+
+
+def block_tensor(tensor: gguf.ReaderTensor) -> QuantizedWeight:
+    """A 2-D block-quantized GGUF tensor as the built-in ``gguf`` format's weight (a copy of
+    its bytes, one row per matrix row)."""
     rows, cols = _hf_shape(tensor)
-    raw = np.array(tensor.data, copy=True).view(np.uint8).reshape(rows, -1)
-    return BlockQuantizedTensor(tensor.tensor_type.name, torch.from_numpy(raw), cols)
+    return GGUF_FORMAT.load(tensor.tensor_type.name, raw_rows(tensor.data, rows), (rows, cols))
+
+
+#: ``name_of(gguf_name, expert=None)``: the Hugging Face name of a GGUF tensor (of one expert
+#: of a stacked experts tensor).
+TensorNamer = Callable[..., str]
 
 
 def iter_gguf_weights(
-    path: str | Path, *, keep_types: frozenset[str] = frozenset(), show_progress: bool = True
-) -> Iterator[tuple[str, torch.Tensor | BlockQuantizedTensor]]:
+    path: str | Path,
+    *,
+    keep_types: frozenset[str] = frozenset(),
+    formats: Mapping[str, WeightFormat] | None = None,
+    model_cls: type | None = None,
+    show_progress: bool = True,
+) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
     """Yield ``(Hugging Face name, tensor)`` for every tensor in the GGUF file.
 
-    Matrices whose GGUF type is in ``keep_types`` (see
-    :data:`vlite.models.quantization.KERNEL_TYPES`) come as
-    :class:`~vlite.models.quantization.BlockQuantizedTensor`; every other tensor, and every
-    expert's matrix whatever its type, is dequantized to float32, one at a time, on the
-    CPU. A stacked expert tensor yields one tensor per expert. A progress bar goes to
-    stderr; Q/K rows of llama-family files are restored to Hugging Face's order and Gemma's
-    norm weights to Hugging Face's centring on 0 (see the module docstring).
+    Matrices whose GGUF type has a format in ``formats`` (tensor type -> weight format: the
+    quantization plan's ``formats``) come as that format's
+    :class:`~vlite.core.weight_format.QuantizedWeight`, loaded from the file's bytes; types
+    in ``keep_types`` use the built-in ``gguf`` format (see
+    :data:`vlite.models.quantization.KERNEL_TYPES`). Every other tensor is dequantized to
+    float32, one at a time, on the CPU. A stacked expert tensor yields one matrix per
+    expert. Names come from ``model_cls.hf_name_for_gguf_tensor`` (default: the class vlite
+    registers for the file's architecture; a class without the method gets the Llama
+    family's names). A progress bar goes to stderr; Q/K rows of llama-family files are
+    restored to Hugging Face's order (a quantized matrix's rows of bytes move with them) and
+    Gemma's norm weights to Hugging Face's centring on 0 (see the module docstring).
     """
     from tqdm.auto import tqdm
 
+    keep = {tensor_type: GGUF_FORMAT for tensor_type in keep_types} | dict(formats or {})
     gguf_file = read_gguf(path)
     config = gguf_hf_config(gguf_file)  # also rejects unsupported architectures
-    architecture = config.architectures[0]
+    name_of = tensor_namer(model_cls or builtin_model_class(config.architectures[0]))
     heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
     is_permuted = gguf_file.architecture in PERMUTED_QK_ARCHITECTURES
     norms_shifted = gguf_file.architecture in SHIFTED_NORM_ARCHITECTURES
     tensors = tqdm(gguf_file.tensors, desc="Loading GGUF", unit="tensor", disable=not show_progress)
     for tensor in tensors:
+        weight_format = keep.get(tensor.tensor_type.name)
         experts = expert_tensor(tensor.name)
         if experts is not None:
-            yield from _expert_weights(tensor, experts, architecture)
+            yield from _expert_weights(tensor, experts, name_of, weight_format)
             continue
-        name = hf_weight_name(tensor.name, architecture)
-        keep = tensor.tensor_type.name in keep_types and len(tensor.shape) == 2
-        weight = block_tensor(tensor) if keep else dequantize_tensor(tensor)
+        name = name_of(tensor.name)
         projection = name.rsplit(".", 2)[-2]
-        if is_permuted and projection in heads:
-            weight = _unpermute(weight, heads[projection])
-        if projection == "shared_expert_gate" and isinstance(weight, torch.Tensor):
+        num_heads = heads[projection] if is_permuted and projection in heads else None
+        if weight_format is not None and len(tensor.shape) == 2:
+            yield name, _load_quantized(tensor, tensor.data, weight_format, num_heads)
+            continue
+        weight = dequantize_tensor(tensor)
+        if num_heads is not None:
+            weight = unpermute_qk(weight, num_heads)
+        if projection == "shared_expert_gate":
             weight = weight.reshape(1, -1)  # [1, hidden]; the converter squeezes it to [hidden]
         if norms_shifted and _is_norm_weight(tensor.name):
             weight = weight - _NORM_SHIFT  # norms are vectors: always dequantized, float32
         yield name, weight
+
+
+def tensor_namer(model_cls: type) -> TensorNamer:
+    """How ``model_cls`` names GGUF tensors: its ``hf_name_for_gguf_tensor`` classmethod,
+    else the Llama family's names (:func:`vlite.models.gguf_names.hf_name_for_gguf_tensor`)."""
+    hook = getattr(model_cls, "hf_name_for_gguf_tensor", None)
+    return hook if callable(hook) else hf_name_for_gguf_tensor
+
+
+@functools.cache
+def builtin_model_class(architecture: str) -> type:
+    """The class vlite's built-in plugins register for Hugging Face ``architecture``."""
+    from vlite.core.plugins import PluginRegistry, build_plugin_manager
+
+    registry = PluginRegistry(build_plugin_manager(load_entry_points=False))
+    return registry.get("model", architecture)
+
+
+def _load_quantized(
+    tensor: gguf.ReaderTensor,
+    data: np.ndarray,
+    weight_format: WeightFormat,
+    num_heads: int | None = None,
+) -> QuantizedWeight:
+    """One matrix of ``tensor`` (``data``: its bytes, or one expert's) loaded by
+    ``weight_format``, its Q/K rows unpermuted first when ``num_heads`` is given (whole rows
+    move: their bytes follow)."""
+    rows, cols = _hf_shape(tensor)[-2:]
+    raw = raw_rows(data, rows)
+    if num_heads is not None:
+        raw = unpermute_qk(raw, num_heads).contiguous()
+    return weight_format.load(tensor.tensor_type.name, raw, (rows, cols))
 
 
 def _is_norm_weight(gguf_name: str) -> bool:
@@ -254,24 +315,25 @@ def _is_norm_weight(gguf_name: str) -> bool:
 
 
 def _expert_weights(
-    tensor: gguf.ReaderTensor, experts: ExpertTensor, architecture: str
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """The Hugging Face-named matrices of one expert tensor (stacked or one expert's)."""
+    tensor: gguf.ReaderTensor,
+    experts: ExpertTensor,
+    name_of: TensorNamer,
+    weight_format: WeightFormat | None,
+) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
+    """The Hugging Face-named matrices of one expert tensor (stacked or one expert's),
+    quantized by ``weight_format`` when one is given."""
     if experts.expert is not None:
-        name = hf_expert_name(architecture, experts.layer, experts.expert, experts.role)
-        yield name, dequantize_tensor(tensor)
+        if weight_format is not None:
+            yield name_of(tensor.name), _load_quantized(tensor, tensor.data, weight_format)
+        else:
+            yield name_of(tensor.name), dequantize_tensor(tensor)
         return
     for expert in range(_hf_shape(tensor)[0]):
-        name = hf_expert_name(architecture, experts.layer, expert, experts.role)
-        yield name, dequantize_expert(tensor, expert)
-
-
-def _unpermute(weight, num_heads: int):
-    if isinstance(weight, BlockQuantizedTensor):  # whole rows move: the blocks follow
-        return BlockQuantizedTensor(
-            weight.qtype, unpermute_qk(weight.blocks, num_heads).contiguous(), weight.cols
-        )
-    return unpermute_qk(weight, num_heads)
+        name = name_of(tensor.name, expert=expert)
+        if weight_format is not None:
+            yield name, _load_quantized(tensor, tensor.data[expert], weight_format)
+        else:
+            yield name, dequantize_expert(tensor, expert)
 
 
 # ---- tokenizer --------------------------------------------------------------------------

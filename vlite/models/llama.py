@@ -31,8 +31,8 @@ passed to the attention backend as ``sliding_window`` for that layer's calls.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -40,9 +40,11 @@ from torch import nn
 
 from vlite.core.attention import AttentionBackend, AttentionMetadata
 from vlite.core.hookspecs import Register, hookimpl
+from vlite.core.weight_format import QuantizedWeight
 from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vlite.distributed.pipeline import SINGLE_STAGE, PipelineParallelGroup
 from vlite.kernels.native import NativeKernelsUnavailable, fused_ops
+from vlite.models.gguf_names import LLAMA_LAYER_MODULES, ExpertNames, hf_name_for_gguf_tensor
 from vlite.models.parallel_layers import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -50,7 +52,6 @@ from vlite.models.parallel_layers import (
     VocabEmbedding,
     VocabParallelLMHead,
 )
-from vlite.models.quantization import BlockQuantizedTensor
 from vlite.models.rope import RotaryEmbedding, StepRotation
 from vlite.models.spec import head_dim_of, layer_sliding_windows
 
@@ -354,8 +355,14 @@ class LlamaForCausalLM(nn.Module):
     #: Each layer's self-attention module, built as ``cls(config, attention, rotary,
     #: tp_group)`` (a subclass may name another, e.g. OLMoE's).
     attention_class: type[nn.Module] = LlamaAttention
-    #: :meth:`load_weights` takes GGUF block-quantized matrices and keeps them quantized.
+    #: :meth:`load_weights` takes quantized weights (a weight format's
+    #: :class:`~vlite.core.weight_format.QuantizedWeight`) and keeps them quantized.
     supports_block_quantized_weights = True
+    #: GGUF layer module -> Hugging Face module within a layer (``attn_q`` ->
+    #: ``self_attn.q_proj``), read by :meth:`hf_name_for_gguf_tensor`.
+    gguf_layer_modules: ClassVar[Mapping[str, str]] = LLAMA_LAYER_MODULES
+    #: How the checkpoint names the experts' matrices (``None``: the model has no experts).
+    gguf_expert_names: ClassVar[ExpertNames | None] = None
 
     def __init__(
         self,
@@ -387,6 +394,21 @@ class LlamaForCausalLM(nn.Module):
         self.add_lm_head()
         #: Fused C kernels for norms and RoPE (set when weights stay quantized on the CPU).
         self.native_ops: Any = None
+
+    @classmethod
+    def hf_name_for_gguf_tensor(cls, gguf_name: str, expert: int | None = None) -> str:
+        """The Hugging Face name of GGUF tensor ``gguf_name`` (with ``expert``: that
+        expert's matrix of a stacked experts tensor such as ``blk.3.ffn_up_exps.weight``),
+        from :attr:`gguf_layer_modules` and :attr:`gguf_expert_names`; the GGUF loader asks
+        it for every tensor of a file. Raises ``ValueError`` naming a tensor the model does
+        not have."""
+        return hf_name_for_gguf_tensor(
+            gguf_name,
+            expert,
+            layer_modules=cls.gguf_layer_modules,
+            experts=cls.gguf_expert_names,
+            owner=cls.__name__,
+        )
 
     def set_up_stage(
         self,
@@ -490,8 +512,8 @@ class LlamaForCausalLM(nn.Module):
         """Copy Hugging Face-named tensors into the (partly fused, maybe sharded) parameters.
 
         Every tensor is full-sized; a sharded layer keeps this rank's slice. A
-        :class:`~vlite.models.quantization.BlockQuantizedTensor` stays quantized in the
-        linear layers and the embedding (dequantized anywhere else). Rotary buffers
+        :class:`~vlite.core.weight_format.QuantizedWeight` stays quantized in the linear
+        layers, the embedding and the experts (dequantized anywhere else). Rotary buffers
         (``rotary_emb.inv_freq`` and the like) and, with tied embeddings,
         ``lm_head.weight`` are skipped. Raises ``ValueError`` for an unknown name, a shape
         mismatch, or any parameter (or fused shard) left unloaded.
@@ -523,7 +545,7 @@ class LlamaForCausalLM(nn.Module):
             if isinstance(module, ShardedModule):
                 module.load_full(leaf, tensor, shard)
             else:
-                if isinstance(tensor, BlockQuantizedTensor):
+                if isinstance(tensor, QuantizedWeight):
                     tensor = tensor.dequantize()
                 params[name].data.copy_(tensor)
             pending.discard((name, shard))

@@ -14,10 +14,10 @@ from safetensors import safe_open
 from torch import nn
 
 from vlite.core.attention import AttentionBackend
+from vlite.core.weight_format import QuantizedWeight
 from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vlite.distributed.pipeline import SINGLE_STAGE, PipelineParallelGroup
 from vlite.models.parallel_layers import ShardedModule
-from vlite.models.quantization import BlockQuantizedTensor
 
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -136,7 +136,8 @@ def build_model(
         weights: ``(Hugging Face name, tensor)`` pairs from any source, consumed lazily
             (e.g. ``ModelSpec.iter_weights()``, safetensors or GGUF); not touched for
             ``"dummy"``. Exactly one of ``folder`` and ``weights`` is needed otherwise.
-            Block-quantized GGUF matrices reach only a class that sets
+            Quantized weights (a weight format's
+            :class:`~vlite.core.weight_format.QuantizedWeight`) reach only a class that sets
             ``supports_block_quantized_weights = True``; others get them dequantized.
         tp_group: the ranks the model is split over; at world size > 1 the class must set
             ``supports_tensor_parallel = True`` and is constructed with ``tp_group=``.
@@ -187,9 +188,9 @@ def build_model(
 def dequantized(
     weights: Iterable[tuple[str, Any]],
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """``weights`` with every block-quantized GGUF matrix dequantized to float32, for model
-    classes that do not declare ``supports_block_quantized_weights = True``."""
+    """``weights`` with every quantized weight dequantized to float32 by its weight format,
+    for model classes that do not declare ``supports_block_quantized_weights = True``."""
     for name, tensor in weights:
-        if isinstance(tensor, BlockQuantizedTensor):
-            tensor = tensor.dequantize()
+        if isinstance(tensor, QuantizedWeight):
+            tensor = tensor.format.dequantize(tensor)
         yield name, tensor

@@ -19,6 +19,7 @@ from torch import nn
 from vlite.core.hookspecs import Register, hookimpl
 from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vlite.models.fused_moe import MoEBlock
+from vlite.models.gguf_names import LLAMA_LAYER_MODULES, MIXTRAL_EXPERTS, MIXTRAL_MODULES
 from vlite.models.llama import LlamaForCausalLM, check_tensor_parallel_size
 
 ARCHITECTURE = "MixtralForCausalLM"
@@ -46,8 +47,9 @@ class MixtralForCausalLM(LlamaForCausalLM):
     """:class:`~vlite.models.llama.LlamaForCausalLM` with a mixture of experts
     (:func:`mixtral_moe`) as every layer's feed-forward."""
 
-    #: The experts take float weights (GGUF blocks are dequantized first).
-    supports_block_quantized_weights = False
+    #: The router's GGUF name (the experts' come from :attr:`gguf_expert_names`).
+    gguf_layer_modules = {**LLAMA_LAYER_MODULES, **MIXTRAL_MODULES}
+    gguf_expert_names = MIXTRAL_EXPERTS
 
     @staticmethod
     def make_mlp(config: Any, tp_group: TensorParallelGroup, layer_index: int) -> nn.Module:
@@ -64,8 +66,6 @@ class MixtralForCausalLM(LlamaForCausalLM):
         if match is None:
             return False
         layer, expert, matrix = int(match[1]), int(match[2]), match[3]
-        if hasattr(tensor, "dequantize"):
-            tensor = tensor.dequantize()
         self.model.layers[layer].mlp.experts.load_expert(expert, _PIECE_OF[matrix], tensor)
         return True
 

@@ -15,12 +15,13 @@ Each layer loads *full* Hugging Face tensors and keeps its rank's slice
 (:class:`ShardedModule`), so a loader never needs to know how a layer is split. At world
 size 1 every layer computes exactly what ``nn.Linear`` computes, with no collective.
 
-A weight may also arrive block-quantized (a
-:class:`~vlite.models.quantization.BlockQuantizedTensor` from a GGUF file): the layer then
-keeps its slice of the blocks as a :class:`~vlite.models.quantization.QuantizedMatrix`,
-drops its float ``weight`` parameter, and multiplies with the quantized kernels. A fused
-layer does so when every piece arrives quantized in one type; otherwise the quantized
-pieces are dequantized into the float weight.
+A weight may also arrive quantized (a weight format's
+:class:`~vlite.core.weight_format.QuantizedWeight`, e.g. a GGUF file's blocks): the layer
+then keeps its slice, cut by the format, as :attr:`ShardedModule.quantized`, drops its
+float ``weight`` parameter, and computes through the format. A fused layer does so when
+every piece arrives quantized in one format and type; otherwise the quantized pieces are
+dequantized into the float weight. A row-parallel layer's columns are cut only on whole
+blocks of the type: where a rank's share would split one, the weight is dequantized.
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vlite.core.weight_format import QuantizedWeight, joinable
 from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
-from vlite.models.quantization import BlockQuantizedTensor, QuantizedMatrix, concat_rows
 
 #: A full tensor handed to :meth:`ShardedModule.load_full`.
-FullTensor = torch.Tensor | BlockQuantizedTensor
+FullTensor = torch.Tensor | QuantizedWeight
 
 
 class ShardedModule(nn.Module):
@@ -56,9 +57,9 @@ class ShardedModule(nn.Module):
     def load_full(self, leaf: str, tensor: FullTensor, piece: str | None = None) -> None:
         """Copy this rank's slice of the full ``tensor`` (shaped by :meth:`full_shape`)."""
 
-    #: The weight as GGUF blocks, once every piece arrived quantized (then ``weight`` is
-    #: ``None``).
-    quantized: QuantizedMatrix | None = None
+    #: The weight in its weight format, once every piece arrived quantized (then ``weight``
+    #: is ``None``); a memory report sums its ``nbytes``.
+    quantized: QuantizedWeight | None = None
 
     def _store_weight_piece(
         self, piece: str | None, local: FullTensor, rows: slice | None = None
@@ -66,8 +67,8 @@ class ShardedModule(nn.Module):
         """Keep this rank's ``local`` slice of one weight piece (rows ``rows`` of the weight).
 
         Float slices are copied into ``weight`` at once; quantized slices wait until every
-        piece has come, then become :attr:`quantized` (all quantized, one type) or are
-        dequantized into ``weight``.
+        piece has come, then are joined by their format into :attr:`quantized` (all
+        quantized, one format and type) or are dequantized into ``weight``.
         """
         if not hasattr(self, "_pending_pieces"):
             self._pending_pieces: dict[str | None, tuple[FullTensor, slice | None]] = {}
@@ -76,14 +77,13 @@ class ShardedModule(nn.Module):
             return
         pending = [self._pending_pieces[name] for name in self.piece_names or (None,)]
         del self._pending_pieces
-        quantized = [t for t, _ in pending if isinstance(t, BlockQuantizedTensor)]
-        merged = concat_rows(quantized) if len(quantized) == len(pending) else None
-        if merged is not None:
-            self.quantized = QuantizedMatrix(merged)
+        pieces = [tensor for tensor, _ in pending]
+        if joinable(pieces):
+            self.quantized = pieces[0].format.cat_rows(pieces)  # owns its memory
             self.weight = None
             return
         for tensor, target_rows in pending:
-            if isinstance(tensor, BlockQuantizedTensor):
+            if isinstance(tensor, QuantizedWeight):
                 tensor = tensor.dequantize()
             target = self.weight.data if target_rows is None else self.weight.data[target_rows]
             target.copy_(tensor)
@@ -203,7 +203,9 @@ class RowParallelLinear(ShardedModule):
             getattr(self, leaf).data.copy_(tensor)
             return
         width = self.weight.shape[1]
-        if isinstance(tensor, BlockQuantizedTensor) and (self.input_start % 32 or width % 32):
+        if isinstance(tensor, QuantizedWeight) and (
+            self.input_start % tensor.block_values or width % tensor.block_values
+        ):
             tensor = tensor.dequantize()  # this rank's columns split a block
         self._store_weight_piece(None, tensor.narrow(1, self.input_start, width))
 
@@ -258,12 +260,12 @@ class VocabParallelLMHead(ShardedModule):
         self._store_weight_piece(None, tensor.narrow(0, self.vocab_start, rows))
 
     def forward(
-        self, hidden: torch.Tensor, tied_weight: torch.Tensor | QuantizedMatrix | None = None
+        self, hidden: torch.Tensor, tied_weight: torch.Tensor | QuantizedWeight | None = None
     ) -> torch.Tensor:
         """``[n, hidden_size]`` -> ``[n, vocab_size]`` float32 logits, full on every rank.
 
         ``tied_weight`` is the full ``[vocab_size, hidden_size]`` embedding (a tensor, or
-        its :class:`~vlite.models.quantization.QuantizedMatrix`) when the head owns no
+        its :class:`~vlite.core.weight_format.QuantizedWeight`) when the head owns no
         weight.
         """
         if tied_weight is None:
@@ -303,7 +305,7 @@ class VocabEmbedding(ShardedModule):
         self._store_weight_piece(None, tensor)
 
     @property
-    def table(self) -> torch.Tensor | QuantizedMatrix:
+    def table(self) -> torch.Tensor | QuantizedWeight:
         """The ``[vocab_size, hidden_size]`` table, dense or quantized."""
         return self.weight if self.quantized is None else self.quantized
 
@@ -320,13 +322,13 @@ class VocabEmbedding(ShardedModule):
         return result
 
 
-def _linear(x: torch.Tensor, weight: torch.Tensor | QuantizedMatrix) -> torch.Tensor:
-    if isinstance(weight, QuantizedMatrix):
+def _linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight) -> torch.Tensor:
+    if isinstance(weight, QuantizedWeight):
         return weight.matmul(x)
     return F.linear(x, weight)
 
 
-def _rows(weight: torch.Tensor | QuantizedMatrix, start: int, end: int):
-    if isinstance(weight, QuantizedMatrix):
-        return weight.narrow_rows(start, end - start)
+def _rows(weight: torch.Tensor | QuantizedWeight, start: int, end: int):
+    if isinstance(weight, QuantizedWeight):
+        return weight.narrow(0, start, end - start)
     return weight[start:end]

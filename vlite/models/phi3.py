@@ -24,8 +24,9 @@ from typing import Any
 import torch
 
 from vlite.core.hookspecs import Register, hookimpl
+from vlite.core.weight_format import QuantizedWeight
+from vlite.models.gguf_names import LLAMA_LAYER_MODULES, PHI3_MODULES
 from vlite.models.llama import LlamaForCausalLM
-from vlite.models.quantization import BlockQuantizedTensor
 from vlite.models.spec import head_dim_of
 
 ARCHITECTURE = "Phi3ForCausalLM"
@@ -34,8 +35,8 @@ ARCHITECTURE = "Phi3ForCausalLM"
 class Phi3ForCausalLM(LlamaForCausalLM):
     """:class:`~vlite.models.llama.LlamaForCausalLM` loading Phi-3's fused checkpoints."""
 
-    #: The fused matrices are split by rows on load; block-quantized ones are not (yet).
-    supports_block_quantized_weights = False
+    #: Its fused q/k/v and gate/up matrices by their GGUF names.
+    gguf_layer_modules = {**LLAMA_LAYER_MODULES, **PHI3_MODULES}
 
     def __init__(self, hf_config: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(hf_config, *args, **kwargs)
@@ -48,7 +49,8 @@ class Phi3ForCausalLM(LlamaForCausalLM):
         self, weights: Iterable[tuple[str, torch.Tensor]]
     ) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield ``qkv_proj`` as ``q_proj``/``k_proj``/``v_proj`` and ``gate_up_proj`` as
-        ``gate_proj``/``up_proj`` (row slices); every other tensor as it is."""
+        ``gate_proj``/``up_proj`` (row slices: a quantized matrix is cut by its weight
+        format, and stays quantized); every other tensor as it is."""
         config = self.config
         head_dim = head_dim_of(config)
         q_rows = config.num_attention_heads * head_dim
@@ -56,16 +58,14 @@ class Phi3ForCausalLM(LlamaForCausalLM):
         for name, tensor in weights:
             prefix, _, leaf = name.rpartition(".")
             module_prefix, _, projection = prefix.rpartition(".")
-            if isinstance(tensor, BlockQuantizedTensor):
-                tensor = tensor.dequantize()
             if projection in ("qkv_proj", "gate_up_proj"):
                 _check_rows(name, tensor, q_rows + 2 * kv_rows, 2 * config.intermediate_size)
             if projection == "qkv_proj":
-                q, k, v = tensor.split([q_rows, kv_rows, kv_rows], dim=0)
+                q, k, v = _split_rows(tensor, [q_rows, kv_rows, kv_rows])
                 for piece, part in (("q_proj", q), ("k_proj", k), ("v_proj", v)):
                     yield f"{module_prefix}.{piece}.{leaf}", part
             elif projection == "gate_up_proj":
-                gate, up = tensor.chunk(2, dim=0)
+                gate, up = _split_rows(tensor, [config.intermediate_size] * 2)
                 yield f"{module_prefix}.gate_proj.{leaf}", gate
                 yield f"{module_prefix}.up_proj.{leaf}", up
             else:
@@ -83,6 +83,15 @@ def _check_longrope_window(hf_config: Any, long_rope_threshold: int | None) -> N
             "support: a sequence outgrowing it recomputes every earlier token; use a config "
             f"with sliding_window >= {long_rope_threshold} or without one"
         )
+
+
+def _split_rows(
+    tensor: torch.Tensor | QuantizedWeight, sizes: list[int]
+) -> list[torch.Tensor | QuantizedWeight]:
+    """Consecutive row slices of ``sizes`` rows (views of a tensor; a quantized weight's
+    slices by its format)."""
+    starts = [sum(sizes[:index]) for index in range(len(sizes))]
+    return [tensor.narrow(0, start, size) for start, size in zip(starts, sizes)]
 
 
 def _check_rows(name: str, tensor: torch.Tensor, qkv_rows: int, gate_up_rows: int) -> None:

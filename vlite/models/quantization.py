@@ -1,125 +1,72 @@
-"""GGUF weights kept block-quantized: the tensor type loaders hand to layers, and the plan.
+"""GGUF weights kept quantized: the plan, and the names layers and tests know them by.
 
-A GGUF file stores most matrices as blocks of 32 values (see :mod:`vlite.kernels.native`).
-With ``quantization="auto"`` (the default) the GGUF loader yields the Q4_0, Q4_1 and Q8_0
-matrices as :class:`BlockQuantizedTensor` — the file's bytes, row by row — and the linear
-layers and the embedding keep them that way, multiplying with the C kernels that
-dequantize each block in registers. The values they compute with are exactly the file's
-dequantized values; only the order of the float32 sums differs from a dense product.
+A GGUF file stores most matrices as rows of blocks (see :mod:`vlite.kernels.native`). With
+``quantization="auto"`` (the default) the GGUF loader hands every tensor whose type a
+registered weight format takes (:mod:`vlite.core.weight_format`; the built-in ``gguf``
+format, :mod:`vlite.plugins.weight_formats.gguf`, takes every type the C kernels know) to
+the model as that format's :class:`~vlite.core.weight_format.QuantizedWeight`, and the
+linear layers, the embedding and the experts keep it that way, computing through the
+format. The built-in format's kernels dequantize each block in registers: the values they
+compute with are exactly the file's dequantized values; only the order of the float32 sums
+differs from a dense product.
 
-Other quantized types (K-quants, ...) have no kernel here: they are dequantized to the
-model dtype, and :class:`QuantizationPlan` names them. ``quantization="none"`` dequantizes
-everything, as does a CUDA device (the kernels are CPU code) or a machine where the
-kernels cannot be built (the plan says why). ``quantization="gguf"`` is ``auto`` that
-refuses to fall back: a model that is not a GGUF file, has no Q4_0/Q4_1/Q8_0 tensor, or a
-device or machine where the kernels cannot run is an error saying which.
+Types no available format takes are dequantized to the model dtype, and
+:class:`QuantizationPlan` names them. ``quantization="none"`` dequantizes everything, as
+does a device or machine where no format taking the file's types can run (the plan says
+why: the built-in kernels are CPU code that must compile here). ``quantization="gguf"`` is
+``auto`` that refuses to fall back: a model that is not a GGUF file, has no tensor a format
+takes, or a device where none can run is an error saying which.
+
+:class:`BlockQuantizedTensor` (the built-in format's weight), :class:`QuantizedMatrix` and
+:func:`concat_rows` are the names this module gave GGUF weights before weight formats were
+plugins; they keep working.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from vlite.kernels.native import BLOCK_LAYOUTS, gguf_block_kernels, unavailable_reason
+from vlite.core.weight_format import QuantizedWeight, WeightFormat, joinable
+from vlite.kernels.native import BLOCK_LAYOUTS
+from vlite.plugins.weight_formats.gguf import NAME as GGUF_FORMAT_NAME
+from vlite.plugins.weight_formats.gguf import GGUFBlockFormat, GGUFBlockWeight
 
 #: Values of the ``quantization`` setting: ``auto`` keeps what it can, ``gguf`` insists
 #: (an error where nothing can be kept), ``none`` dequantizes everything.
 QUANTIZATION_CHOICES = ("auto", "gguf", "none")
-#: GGUF tensor types the kernels multiply by without dequantizing.
+#: GGUF tensor types the built-in ``gguf`` format's kernels multiply by without dequantizing.
 KERNEL_TYPES = frozenset(BLOCK_LAYOUTS)
-#: Types that hold plain floats: never "quantized".
+#: Types that hold plain floats: never "quantized", so the plan keeps none of them.
 _FLOAT_TYPES = frozenset({"F32", "F16", "BF16", "F64"})
 
-
-@dataclass(frozen=True, eq=False)
-class BlockQuantizedTensor:
-    """A ``[rows, cols]`` matrix as GGUF blocks: ``blocks`` ``[rows, cols / 32 * block_bytes]``.
-
-    Row ``r`` of ``blocks`` is row ``r`` of the matrix, ``cols / 32`` blocks in order.
-    """
-
-    qtype: str
-    blocks: torch.Tensor
-    cols: int
-
-    def __post_init__(self) -> None:
-        if self.qtype not in BLOCK_LAYOUTS:
-            raise ValueError(f"no kernel for GGUF type {self.qtype} (have {sorted(BLOCK_LAYOUTS)})")
-        values = BLOCK_LAYOUTS[self.qtype].values
-        if self.cols % values:
-            raise ValueError(f"{self.cols} columns is not a multiple of {values} ({self.qtype})")
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (self.blocks.shape[0], self.cols)
-
-    def narrow(self, dim: int, start: int, length: int) -> BlockQuantizedTensor:
-        """Rows (``dim=0``) or whole blocks of columns (``dim=1``) ``start:start+length``."""
-        if dim == 0:
-            return BlockQuantizedTensor(self.qtype, self.blocks.narrow(0, start, length), self.cols)
-        layout = BLOCK_LAYOUTS[self.qtype]
-        if start % layout.values or length % layout.values:
-            raise ValueError(
-                f"columns {start}:{start + length} do not fall on {layout.values}-value "
-                f"{self.qtype} blocks"
-            )
-        blocks = self.blocks.narrow(
-            1, start // layout.values * layout.nbytes, length // layout.values * layout.nbytes
-        )
-        return BlockQuantizedTensor(self.qtype, blocks, length)
-
-    def dequantize(self) -> torch.Tensor:
-        """The matrix as a new float32 tensor (exactly the file's values)."""
-        return gguf_block_kernels().dequantize(self.qtype, self.blocks.contiguous(), self.cols)
+#: A GGUF matrix as the built-in format keeps it: ``BlockQuantizedTensor(qtype, blocks,
+#: cols)``, ``blocks`` ``[rows, cols / values * block_bytes]`` (the earlier name of
+#: :class:`~vlite.plugins.weight_formats.gguf.GGUFBlockWeight`).
+BlockQuantizedTensor = GGUFBlockWeight
 
 
-def concat_rows(pieces: list[BlockQuantizedTensor]) -> BlockQuantizedTensor | None:
-    """The pieces stacked row-wise, or ``None`` if they differ in type or columns."""
-    first = pieces[0]
-    if any(p.qtype != first.qtype or p.cols != first.cols for p in pieces):
+def concat_rows(pieces: list[QuantizedWeight]) -> QuantizedWeight | None:
+    """The pieces stacked row-wise by their format, or ``None`` if they differ in format,
+    type or columns."""
+    if not joinable(pieces):
         return None
-    return BlockQuantizedTensor(
-        first.qtype, torch.cat([p.blocks for p in pieces]).contiguous(), first.cols
-    )
+    return pieces[0].format.cat_rows(pieces)
 
 
-class QuantizedMatrix:
-    """A layer's weight ``W`` ``[out_features, in_features]`` kept as GGUF blocks.
+def QuantizedMatrix(tensor: QuantizedWeight) -> QuantizedWeight:  # noqa: N802 (an old class)
+    """The weight itself: a :class:`~vlite.core.weight_format.QuantizedWeight` has the
+    ``matmul(x)`` and ``rows(row_ids, dtype)`` this class used to add."""
+    return tensor
 
-    :meth:`matmul` computes ``x @ W^T`` in float32 whatever ``x``'s dtype and returns that
-    dtype.
-    """
 
-    def __init__(self, tensor: BlockQuantizedTensor) -> None:
-        self.qtype = tensor.qtype
-        self.blocks = tensor.blocks.contiguous()
-        self.out_features, self.in_features = tensor.shape
-        self._kernels = gguf_block_kernels()
-        self._product = self._kernels.product(
-            self.qtype, self.blocks, self.out_features, self.in_features
-        )
-
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` ``[..., in_features]`` -> ``[..., out_features]`` in ``x.dtype``."""
-        if x.dim() != 2:
-            out = self.matmul(x.reshape(-1, self.in_features))
-            return out.view(*x.shape[:-1], self.out_features)
-        if x.dtype != torch.float32:
-            return self.matmul(x.float()).to(x.dtype)
-        return self._product(x)
-
-    def rows(self, row_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """Rows ``row_ids`` ``[T]`` as ``[T, in_features]`` (an embedding lookup)."""
-        rows = self._kernels.gather_rows(self.qtype, self.blocks, self.in_features, row_ids.long())
-        return rows.to(dtype)
-
-    def narrow_rows(self, start: int, length: int) -> QuantizedMatrix:
-        return QuantizedMatrix(
-            BlockQuantizedTensor(self.qtype, self.blocks[start : start + length], self.in_features)
-        )
+def builtin_weight_formats() -> dict[str, WeightFormat]:
+    """The formats vlite ships, name -> instance (what a plan uses when given none)."""
+    return {GGUF_FORMAT_NAME: GGUFBlockFormat()}
 
 
 @dataclass(frozen=True)
@@ -128,42 +75,76 @@ class QuantizationPlan:
 
     Attributes:
         setting: the ``quantization`` setting (``"auto"``, ``"gguf"`` or ``"none"``).
-        kept: GGUF tensor type -> how many tensors stay block-quantized.
+        kept: GGUF tensor type -> how many tensors stay quantized.
         dequantized: quantized GGUF type -> how many tensors are dequantized to the dtype.
         reason: why no tensor is kept, when none is.
+        format_names: kept GGUF tensor type -> the name of the weight format keeping it.
+        weight_formats: the formats the plan chose from, name -> instance.
     """
 
     setting: str
     kept: dict[str, int] = field(default_factory=dict)
     dequantized: dict[str, int] = field(default_factory=dict)
     reason: str | None = None
+    format_names: dict[str, str] = field(default_factory=dict)
+    weight_formats: dict[str, WeightFormat] = field(default_factory=dict, repr=False)
 
     @property
     def keep_types(self) -> frozenset[str]:
         return frozenset(self.kept)
 
+    @property
+    def formats(self) -> dict[str, WeightFormat]:
+        """Kept GGUF tensor type -> the format instance that loads and computes it (what
+        the GGUF loader is handed)."""
+        return {t: self.weight_formats[name] for t, name in self.format_names.items()}
+
     def describe(self, dtype: torch.dtype) -> str:
-        """One line for ``vlite run``/``serve``, e.g. ``GGUF Q4_1 x210, Q8_0 x1 (kept)``."""
+        """One line for ``vlite run``/``serve``, e.g. ``GGUF Q4_1 x210, Q8_0 x1 kept
+        quantized (weight-only CPU kernels)``; a format other than the built-in ``gguf`` is
+        named."""
         dtype_name = str(dtype).removeprefix("torch.")
         if not self.kept:
             why = f" ({self.reason})" if self.reason else ""
             return f"none: weights in {dtype_name}{why}"
-        kept = ", ".join(f"{name} x{count}" for name, count in sorted(self.kept.items()))
-        line = f"GGUF {kept} kept quantized (weight-only CPU kernels)"
+        groups = []
+        for name in dict.fromkeys(self.format_names[t] for t in sorted(self.kept)):
+            types = sorted(t for t in self.kept if self.format_names[t] == name)
+            kept = ", ".join(f"{t} x{self.kept[t]}" for t in types)
+            groups.append(f"{kept} kept quantized ({self._label(name)})")
+        line = "GGUF " + "; ".join(groups)
         if self.dequantized:
             other = ", ".join(f"{n} x{c}" for n, c in sorted(self.dequantized.items()))
             line += f"; {other} dequantized to {dtype_name} (no kernel for these types)"
         return line
 
+    def _label(self, name: str) -> str:
+        description = getattr(self.weight_formats.get(name), "description", "")
+        if name == GGUF_FORMAT_NAME:
+            return description or f"weight format {name!r}"
+        return f"weight format {name!r}" + (f": {description}" if description else "")
 
-def plan_quantization(setting: str, gguf_tensor_types: list[str] | None, device: Any):
+
+def plan_quantization(
+    setting: str,
+    gguf_tensor_types: list[str] | None,
+    device: Any,
+    formats: Mapping[str, WeightFormat] | None = None,
+) -> QuantizationPlan:
     """The :class:`QuantizationPlan` for a model whose tensors have ``gguf_tensor_types``.
+
+    Each quantized type is kept by the first of ``formats`` that takes it
+    (``tensor_types``) and can run on ``device`` (``unavailable_reason``); the others are
+    dequantized.
 
     Args:
         setting: ``"auto"``, ``"gguf"`` or ``"none"``.
         gguf_tensor_types: the GGUF type name of every tensor, or ``None`` for a model
             that is not a GGUF file.
         device: the engine's ``torch.device``.
+        formats: the weight formats to choose from, name -> instance, in order of
+            preference (:func:`vlite.core.weight_format.registered_weight_formats` gives the
+            registered ones); default: :func:`builtin_weight_formats`.
 
     Raises:
         ValueError: an unknown ``setting`` (the message lists the allowed values), or
@@ -173,32 +154,49 @@ def plan_quantization(setting: str, gguf_tensor_types: list[str] | None, device:
         raise ValueError(
             f"quantization={setting!r} is not supported; choose one of {QUANTIZATION_CHOICES}"
         )
-    plan = _plan(setting, gguf_tensor_types, device)
+    formats = dict(builtin_weight_formats() if formats is None else formats)
+    plan = _plan(setting, gguf_tensor_types, torch.device(device), formats)
     if setting == "gguf" and not plan.kept:
+        takes = "; ".join(
+            f"{name}: {', '.join(sorted(fmt.tensor_types)) or 'none'}"
+            for name, fmt in formats.items()
+        )
         raise ValueError(
-            f"quantization='gguf' keeps a GGUF file's Q4_0/Q4_1/Q8_0 weights, but here none "
+            f"quantization='gguf' keeps a GGUF file's quantized weights in the weight formats "
+            f"that take them ({takes or 'no weight format is registered'}), but here none "
             f"can be kept: {plan.reason}; use quantization='auto' (keep what can be kept) or "
             "'none'"
         )
     return plan
 
 
-def _plan(setting: str, gguf_tensor_types: list[str] | None, device: Any) -> QuantizationPlan:
+def _plan(
+    setting: str,
+    gguf_tensor_types: list[str] | None,
+    device: torch.device,
+    formats: dict[str, WeightFormat],
+) -> QuantizationPlan:
     if gguf_tensor_types is None:
-        return QuantizationPlan(setting, reason="not a GGUF file")
+        return QuantizationPlan(setting, reason="not a GGUF file", weight_formats=formats)
     quantized = Counter(t for t in gguf_tensor_types if t not in _FLOAT_TYPES)
     if not quantized:
-        return QuantizationPlan(setting, reason="the GGUF file holds no quantized tensor")
-    why_not = None
+        return QuantizationPlan(
+            setting, reason="the GGUF file holds no quantized tensor", weight_formats=formats
+        )
     if setting == "none":
-        why_not = "quantization='none'"
-    elif torch.device(device).type != "cpu":
-        why_not = f"the GGUF kernels run on the CPU, not {torch.device(device).type}"
-    else:
-        why_not = unavailable_reason()
-    if why_not is not None:
-        return QuantizationPlan(setting, dequantized=dict(quantized), reason=why_not)
-    kept = {name: n for name, n in quantized.items() if name in KERNEL_TYPES}
-    other = {name: n for name, n in quantized.items() if name not in KERNEL_TYPES}
-    reason = None if kept else f"no tensor of a type with a kernel ({', '.join(sorted(other))})"
-    return QuantizationPlan(setting, kept=kept, dequantized=other, reason=reason)
+        return QuantizationPlan(setting, dequantized=dict(quantized), reason="quantization='none'")
+    taking = {name: fmt for name, fmt in formats.items() if quantized.keys() & fmt.tensor_types}
+    unavailable = {name: fmt.unavailable_reason(device) for name, fmt in taking.items()}
+    chosen: dict[str, str] = {}
+    for name, fmt in taking.items():
+        if unavailable[name] is None:
+            for tensor_type in quantized.keys() & fmt.tensor_types:
+                chosen.setdefault(tensor_type, name)
+    kept = {t: n for t, n in quantized.items() if t in chosen}
+    other = {t: n for t, n in quantized.items() if t not in chosen}
+    reason = None
+    if not kept:
+        reasons = list(dict.fromkeys(r for r in unavailable.values() if r is not None))
+        types = ", ".join(sorted(other))
+        reason = "; ".join(reasons) or f"no tensor of a type with a kernel ({types})"
+    return QuantizationPlan(setting, kept, other, reason, chosen, formats)

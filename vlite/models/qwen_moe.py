@@ -20,6 +20,7 @@ from torch import nn
 from vlite.core.hookspecs import Register, hookimpl
 from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vlite.models.fused_moe import FusedMoE, MoEBlock
+from vlite.models.gguf_names import LLAMA_LAYER_MODULES, PROJ_EXPERTS, QWEN_MOE_MODULES
 from vlite.models.llama import LlamaForCausalLM, LlamaMLP, check_tensor_parallel_size
 
 ARCHITECTURES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
@@ -75,7 +76,9 @@ class QwenMoE(MoEBlock):
 class QwenMoeForCausalLM(LlamaForCausalLM):
     """:class:`~vlite.models.llama.LlamaForCausalLM` with :class:`QwenMoE` feed-forwards."""
 
-    supports_block_quantized_weights = False
+    #: The router's, the shared expert's and the experts' GGUF names.
+    gguf_layer_modules = {**LLAMA_LAYER_MODULES, **QWEN_MOE_MODULES}
+    gguf_expert_names = PROJ_EXPERTS
 
     @staticmethod
     def make_mlp(config: Any, tp_group: TensorParallelGroup, layer_index: int) -> nn.Module:
@@ -100,8 +103,6 @@ class QwenMoeForCausalLM(LlamaForCausalLM):
         if match is None:
             return False
         layer, expert, piece = int(match[1]), int(match[2]), match[3]
-        if hasattr(tensor, "dequantize"):
-            tensor = tensor.dequantize()
         self.model.layers[layer].mlp.experts.load_expert(expert, piece, tensor)
         return True
 

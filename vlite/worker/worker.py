@@ -12,6 +12,7 @@ from vlite.core.errors import ConfigError
 from vlite.core.memory import WorkerMemory
 from vlite.core.outputs import ModelRunnerOutput, SchedulerOutput
 from vlite.core.plugins import PluginRegistry
+from vlite.core.weight_format import registered_weight_formats
 from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vlite.distributed.pipeline import SINGLE_STAGE, PipelineParallelGroup
 from vlite.models.loader import build_model
@@ -93,7 +94,9 @@ class Worker:
             head_dim,
             self.config.block_size,
         )
-        self.quantization = spec.quantization_plan(self.config.quantization, self.device)
+        self.quantization = spec.quantization_plan(
+            self.config.quantization, self.device, registered_weight_formats(self.registry)
+        )
         model = build_model(
             spec.hf_config,
             model_cls,
@@ -102,7 +105,7 @@ class Worker:
             dtype=self.dtype,
             device=self.device,
             load_format=self.config.load_format,
-            weights=spec.iter_weights(self.quantization.keep_types),
+            weights=spec.iter_weights(formats=self.quantization.formats, model_cls=model_cls),
             tp_group=self.tp_group,
             pp_group=self.pp_group,
         )

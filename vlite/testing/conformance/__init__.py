@@ -15,4 +15,5 @@ CONFORMANCE_SUITES: dict[str, str] = {
         "vlite.testing.conformance.structured_output.StructuredOutputBackendConformance"
     ),
     "logits_processor": "vlite.testing.conformance.logits_processor.LogitsProcessorConformance",
+    "weight_format": "vlite.testing.conformance.weight_format.WeightFormatConformance",
 }
