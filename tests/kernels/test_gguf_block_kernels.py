@@ -97,7 +97,7 @@ def test_plan_keeps_kernel_types_and_names_the_rest():
         ("none", ["Q4_1"], CPU, "quantization='none'"),
         ("auto", ["Q4_1"], torch.device("cuda"), "run on the CPU, not cuda"),
         ("auto", None, CPU, "not a GGUF file"),
-        ("auto", ["F32", "F16"], CPU, "holds no quantized tensor"),
+        ("auto", ["F32", "F64"], CPU, "holds no quantized tensor"),
     ],
 )
 def test_plan_says_why_nothing_is_kept(setting, types, device, why):

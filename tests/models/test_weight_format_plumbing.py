@@ -173,3 +173,10 @@ def test_names_of_experts_and_refusals():
         MixtralForCausalLM.hf_name_for_gguf_tensor("blk.0.attn_q.weight", expert=1)
     with pytest.raises(ValueError, match="unknown GGUF tensor 'blk.0.attn_qkv.weight'.*Llama"):
         LlamaForCausalLM.hf_name_for_gguf_tensor("blk.0.attn_qkv.weight")
+
+
+def test_16_bit_float_matrices_are_kept_by_a_format_that_takes_them():
+    plan = plan_quantization("auto", ["F32", "F16", "F16", "BF16"], CPU)
+    assert plan.kept == {"F16": 2, "BF16": 1} and plan.dequantized == {}
+    plan = plan_quantization("auto", ["F32", "F16"], CPU, {"q41": Q41Format()})
+    assert not plan.kept and plan.reason == "the GGUF file holds no quantized tensor"

@@ -10,7 +10,9 @@ format. The built-in format's kernels dequantize each block in registers: the va
 compute with are exactly the file's dequantized values; only the order of the float32 sums
 differs from a dense product.
 
-Types no available format takes are dequantized to the model dtype, and
+16-bit float matrices (F16, BF16) are kept the same way when a format takes their type (the
+built-in one does: half the memory of float32). Types no available format takes are
+dequantized to the model dtype, and
 :class:`QuantizationPlan` names them. ``quantization="none"`` dequantizes everything, as
 does a device or machine where no format taking the file's types can run (the plan says
 why: the built-in kernels are CPU code that must compile here). ``quantization="gguf"`` is
@@ -41,8 +43,10 @@ from vlite.plugins.weight_formats.gguf import GGUFBlockFormat, GGUFBlockWeight
 QUANTIZATION_CHOICES = ("auto", "gguf", "none")
 #: GGUF tensor types the built-in ``gguf`` format's kernels multiply by without dequantizing.
 KERNEL_TYPES = frozenset(BLOCK_LAYOUTS)
-#: Types that hold plain floats: never "quantized", so the plan keeps none of them.
+#: Types that hold plain floats: not "quantized" (the plan never lists them as dequantized).
 _FLOAT_TYPES = frozenset({"F32", "F16", "BF16", "F64"})
+#: Float types no format keeps: the model's dtype holds them as well.
+_NEVER_KEPT = frozenset({"F32", "F64"})
 
 #: A GGUF matrix as the built-in format keeps it: ``BlockQuantizedTensor(qtype, blocks,
 #: cols)``, ``blocks`` ``[rows, cols / values * block_bytes]`` (the earlier name of
@@ -178,21 +182,27 @@ def _plan(
 ) -> QuantizationPlan:
     if gguf_tensor_types is None:
         return QuantizationPlan(setting, reason="not a GGUF file", weight_formats=formats)
-    quantized = Counter(t for t in gguf_tensor_types if t not in _FLOAT_TYPES)
-    if not quantized:
+    counts = Counter(gguf_tensor_types)
+    quantized = {t: n for t, n in counts.items() if t not in _FLOAT_TYPES}
+    # What a format could keep: the quantized types, and 16-bit floats a format takes.
+    taken = set().union(*(fmt.tensor_types for fmt in formats.values()))
+    keepable = {
+        t: n for t, n in counts.items() if t not in _NEVER_KEPT and (t in quantized or t in taken)
+    }
+    if not keepable:
         return QuantizationPlan(
             setting, reason="the GGUF file holds no quantized tensor", weight_formats=formats
         )
     if setting == "none":
-        return QuantizationPlan(setting, dequantized=dict(quantized), reason="quantization='none'")
-    taking = {name: fmt for name, fmt in formats.items() if quantized.keys() & fmt.tensor_types}
+        return QuantizationPlan(setting, dequantized=quantized, reason="quantization='none'")
+    taking = {name: fmt for name, fmt in formats.items() if keepable.keys() & fmt.tensor_types}
     unavailable = {name: fmt.unavailable_reason(device) for name, fmt in taking.items()}
     chosen: dict[str, str] = {}
     for name, fmt in taking.items():
         if unavailable[name] is None:
-            for tensor_type in quantized.keys() & fmt.tensor_types:
+            for tensor_type in sorted(keepable.keys() & fmt.tensor_types):
                 chosen.setdefault(tensor_type, name)
-    kept = {t: n for t, n in quantized.items() if t in chosen}
+    kept = {t: n for t, n in keepable.items() if t in chosen}
     other = {t: n for t, n in quantized.items() if t not in chosen}
     reason = None
     if not kept:
