@@ -175,7 +175,7 @@ BLOCK_SIZE = 16  # the default
 
 def kv_cache_blocks(stderr: str) -> int:
     """The KV-cache blocks of the memory plan a command printed."""
-    match = re.search(r"^memory: weights [\d.]+ \w+, KV cache (\d+) blocks x ", stderr, re.M)
+    match = re.search(r"^memory: weights [\d.]+ \w+, KV cache (\d+) blocks? x ", stderr, re.M)
     assert match, stderr
     return int(match.group(1))
 
@@ -191,7 +191,7 @@ def test_run_sizes_the_kv_cache_to_its_requests(tiny_model):
     records = [json.loads(line) for line in result.stdout.splitlines()]
     expected = sum(blocks_for(r["num_prompt_tokens"] + 9) for r in records)
     assert kv_cache_blocks(result.stderr) == expected
-    plan = re.search(r"KV cache (\d+) blocks x .* \((\d+) tokens\)", result.stderr)
+    plan = re.search(r"KV cache (\d+) blocks? x .* \((\d+) tokens\)", result.stderr)
     assert int(plan.group(2)) == expected * BLOCK_SIZE
 
 
@@ -231,6 +231,7 @@ def test_run_refuses_a_request_larger_than_the_cache_it_was_given(tiny_model):
 def test_run_help_explains_the_kv_cache_defaults():
     text = " ".join(invoke("run", "--help").output.split())
     assert "vlite run sets what its requests can use" in text
+    assert "the KV cache holds what they can use" in text
     assert "2 GiB on CPU" in text
 
 

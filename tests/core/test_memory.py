@@ -88,6 +88,11 @@ def test_describe_states_weights_blocks_bytes_and_tokens():
     )
 
 
+def test_one_block_is_one_block():
+    plan = MemoryPlan(weights_bytes=0, kv_cache_blocks=1, kv_cache_block_bytes=2048, block_size=16)
+    assert "KV cache 1 block x 2.0 KiB = 2.0 KiB (16 tokens)" in plan.describe()
+
+
 def test_the_plan_travels_in_messages():
     plan = MemoryPlan(weights_bytes=1, kv_cache_blocks=2, kv_cache_block_bytes=3, block_size=4)
     decoded = msgspec.msgpack.decode(msgspec.msgpack.encode(plan), type=MemoryPlan)

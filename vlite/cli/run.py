@@ -96,6 +96,11 @@ class PromptSpec:
 def run_command(prompts, input_file, chat, as_json, trace_file, config_file, **options):
     """Generate completions for PROMPTS (or --input FILE, or lines on stdin).
 
+    The prompts are tokenized first, and the KV cache holds what they can use: every
+    sample min(prompt + max_tokens, max_model_len) tokens in whole blocks, the
+    --max-num-seqs largest at once, within --kv-cache-memory-gib (--num-kv-blocks or
+    --kv-cache-tokens set it instead). The memory plan is printed on stderr at start.
+
     \b
     Examples:
       vlite run "The capital of France is"

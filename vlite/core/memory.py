@@ -85,9 +85,10 @@ class MemoryPlan(msgspec.Struct, frozen=True, array_like=True):
         """One line: ``weights 92.0 MiB, KV cache 5 blocks x 720.0 KiB = 3.5 MiB (80
         tokens)``, and the number of workers when there are several."""
         workers = f" over {self.num_workers} workers" if self.num_workers > 1 else ""
+        blocks = "block" if self.kv_cache_blocks == 1 else "blocks"
         return (
             f"weights {format_bytes(self.weights_bytes)}, KV cache {self.kv_cache_blocks} "
-            f"blocks x {format_bytes(self.kv_cache_block_bytes)} = "
+            f"{blocks} x {format_bytes(self.kv_cache_block_bytes)} = "
             f"{format_bytes(self.kv_cache_bytes)} ({self.kv_cache_tokens} tokens){workers}"
         )
 
