@@ -56,9 +56,9 @@ class VliteConfig(BaseSettings):
     )
     quantization: Literal["auto", "gguf", "none"] = Field(
         "auto",
-        description="'auto': keep a GGUF file's Q4_0/Q4_1/Q8_0 weights quantized on the CPU "
-        "(exact weight-only kernels) where possible; 'gguf': the same, an error where "
-        "impossible; 'none': dequantize every weight to the dtype.",
+        description="'auto': keep a GGUF file's quantized weights in the weight format that "
+        "takes their type (built in: exact weight-only CPU kernels) where possible; 'gguf': "
+        "the same, an error where impossible; 'none': dequantize every weight to the dtype.",
     )
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="'auto': CUDA when available, else the CPU."
