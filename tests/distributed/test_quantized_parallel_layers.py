@@ -10,6 +10,7 @@ import torch
 
 from vlite.distributed import TensorParallelGroup
 from vlite.kernels.native import BLOCK_LAYOUTS
+from vlite.models.mixed_pieces import MixedPieces
 from vlite.models.parallel_layers import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -101,15 +102,32 @@ def test_a_fused_layer_with_a_float_piece_dequantizes_the_quantized_ones():
     assert torch.equal(layer.weight, torch.cat([values, values]))
 
 
-def test_pieces_of_two_types_are_dequantized():
+def test_pieces_of_two_types_stay_quantized_each_in_its_type():
+    # A K-quant mix keeps attn_v (or one of gate/up) in another type: nothing is dequantized.
     q8, q8_values = quantized("Q8_0", 8, 2)
-    layer = ColumnParallelLinear(64, {"gate": 8, "up": 8}, bias=False)
+    layer = ColumnParallelLinear(64, {"q": 8, "k": 8, "v": 8}, bias=False)
     q4_bytes = torch.randint(0, 0x3C, (8, 2 * BLOCK_LAYOUTS["Q4_1"].nbytes), dtype=torch.uint8)
     q4 = GGUF_FORMAT.load("Q4_1", q4_bytes, (8, 64))
+    layer.load_full("weight", q8, "q")
+    layer.load_full("weight", q8, "k")
+    layer.load_full("weight", q4, "v")
+    assert isinstance(layer.quantized, MixedPieces) and layer.weight is None
+    assert [p.tensor_type for p in layer.quantized.parts] == ["Q8_0", "Q4_1"]  # q+k joined
+    assert layer.quantized.nbytes == 2 * q8.nbytes + q4.nbytes
+    values = torch.cat([q8_values, q8_values, q4.dequantize()])
+    assert torch.equal(layer.quantized.dequantize(), values)
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(layer(x), x @ values.t(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_float_piece_among_quantized_ones_dequantizes_them():
+    q8, q8_values = quantized("Q8_0", 8, 2)
+    layer = ColumnParallelLinear(64, {"gate": 8, "up": 8}, bias=False)
+    dense = torch.randn(8, 64)
     layer.load_full("weight", q8, "gate")
-    layer.load_full("weight", q4, "up")
+    layer.load_full("weight", dense, "up")
     assert layer.quantized is None
-    assert torch.equal(layer.weight, torch.cat([q8_values, q4.dequantize()]))
+    assert torch.equal(layer.weight, torch.cat([q8_values, dense]))
 
 
 @pytest.mark.parametrize("world_size", [2, 3])

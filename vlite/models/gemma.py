@@ -177,7 +177,7 @@ class GemmaForCausalLM(LlamaForCausalLM):
     supports_pipeline_parallel = True
     #: A stage hands the next one the residual stream only (the norms sandwich the blocks).
     num_intermediate_tensors = 1
-    supports_block_quantized_weights = False
+    supports_block_quantized_weights = True
     #: Gemma's four norms per layer, by their GGUF names.
     gguf_layer_modules = {**LLAMA_LAYER_MODULES, **GEMMA_MODULES}
 

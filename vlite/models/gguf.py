@@ -41,6 +41,7 @@ Parsing a file's header (about 2 s for a 49k-token vocabulary) is done once per 
 from __future__ import annotations
 
 import functools
+import mmap
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,6 +86,7 @@ class _ArrayReader(gguf.GGUFReader):
     @data.setter
     def data(self, value: np.ndarray) -> None:
         self._array = value.view(np.ndarray)
+        self.mapping = getattr(value, "_mmap", None)  # the file's mmap.mmap, when mapped
 
 
 @dataclass(frozen=True, eq=False)
@@ -100,6 +102,20 @@ class GGUFFile:
     path: Path
     metadata: Mapping[str, Any]
     tensors: tuple[gguf.ReaderTensor, ...]
+    mapping: Any = None
+
+    def release_pages(self, tensor: gguf.ReaderTensor) -> None:
+        """Drop the pages of ``tensor``'s bytes from this process's resident memory (they
+        stay in the OS page cache and are read again if touched). The loader calls it once
+        a tensor is copied or decoded, so a file's pages and their copies are not resident
+        together: the file is mapped, not held."""
+        if self.mapping is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        page = mmap.PAGESIZE
+        first = -(-int(tensor.data_offset) // page) * page
+        end = (int(tensor.data_offset) + int(tensor.n_bytes)) // page * page
+        if end > first:
+            self.mapping.madvise(mmap.MADV_DONTNEED, first, end - first)
 
     @property
     def architecture(self) -> str:
@@ -156,7 +172,7 @@ def _read_gguf(path: Path, size: int, mtime_ns: int) -> GGUFFile:
         if is_array and len(field.data) > _MAX_KEPT_ARRAY_LEN:
             continue
         metadata[key] = field.contents()
-    return GGUFFile(path, metadata, tuple(reader.tensors))
+    return GGUFFile(path, metadata, tuple(reader.tensors), getattr(reader, "mapping", None))
 
 
 # ---- weights ----------------------------------------------------------------------------
@@ -255,25 +271,28 @@ def iter_gguf_weights(
     norms_shifted = gguf_file.architecture in SHIFTED_NORM_ARCHITECTURES
     tensors = tqdm(gguf_file.tensors, desc="Loading GGUF", unit="tensor", disable=not show_progress)
     for tensor in tensors:
-        weight_format = keep.get(tensor.tensor_type.name)
-        experts = expert_tensor(tensor.name)
-        if experts is not None:
-            yield from _expert_weights(tensor, experts, name_of, weight_format)
-            continue
-        name = name_of(tensor.name)
-        projection = name.rsplit(".", 2)[-2]
-        num_heads = heads[projection] if is_permuted and projection in heads else None
-        if weight_format is not None and len(tensor.shape) == 2:
-            yield name, _load_quantized(tensor, tensor.data, weight_format, num_heads)
-            continue
-        weight = dequantize_tensor(tensor)
-        if num_heads is not None:
-            weight = unpermute_qk(weight, num_heads)
-        if projection == "shared_expert_gate":
-            weight = weight.reshape(1, -1)  # [1, hidden]; the converter squeezes it to [hidden]
-        if norms_shifted and _is_norm_weight(tensor.name):
-            weight = weight - _NORM_SHIFT  # norms are vectors: always dequantized, float32
-        yield name, weight
+        try:
+            weight_format = keep.get(tensor.tensor_type.name)
+            experts = expert_tensor(tensor.name)
+            if experts is not None:
+                yield from _expert_weights(tensor, experts, name_of, weight_format)
+                continue
+            name = name_of(tensor.name)
+            projection = name.rsplit(".", 2)[-2]
+            num_heads = heads[projection] if is_permuted and projection in heads else None
+            if weight_format is not None and len(tensor.shape) == 2:
+                yield name, _load_quantized(tensor, tensor.data, weight_format, num_heads)
+                continue
+            weight = dequantize_tensor(tensor)
+            if num_heads is not None:
+                weight = unpermute_qk(weight, num_heads)
+            if projection == "shared_expert_gate":
+                weight = weight.reshape(1, -1)  # [1, hidden]; the converter squeezes it to [hidden]
+            if norms_shifted and _is_norm_weight(tensor.name):
+                weight = weight - _NORM_SHIFT  # norms are vectors: always dequantized, float32
+            yield name, weight
+        finally:
+            gguf_file.release_pages(tensor)  # its bytes are copied or decoded: off our RSS
 
 
 def tensor_namer(model_cls: type) -> TensorNamer:

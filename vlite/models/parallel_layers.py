@@ -19,9 +19,12 @@ A weight may also arrive quantized (a weight format's
 :class:`~vlite.core.weight_format.QuantizedWeight`, e.g. a GGUF file's blocks): the layer
 then keeps its slice, cut by the format, as :attr:`ShardedModule.quantized`, drops its
 float ``weight`` parameter, and computes through the format. A fused layer does so when
-every piece arrives quantized in one format and type; otherwise the quantized pieces are
-dequantized into the float weight. A row-parallel layer's columns are cut only on whole
-blocks of the type: where a rank's share would split one, the weight is dequantized.
+every piece arrives quantized: pieces of one format and type are joined into one weight,
+pieces of several (a K-quant mix's ``attn_v`` beside its ``attn_q``) are kept as a
+:class:`~vlite.models.mixed_pieces.MixedPieces`; a fused layer with a float piece among
+quantized ones dequantizes them into the float weight. A row-parallel layer's columns are
+cut only on whole blocks of the type: where a rank's share would split one, the weight is
+dequantized.
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vlite.core.weight_format import QuantizedWeight, joinable
+from vlite.core.weight_format import QuantizedWeight
 from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
+from vlite.models.mixed_pieces import MixedPieces
 
 #: A full tensor handed to :meth:`ShardedModule.load_full`.
 FullTensor = torch.Tensor | QuantizedWeight
@@ -58,8 +62,9 @@ class ShardedModule(nn.Module):
         """Copy this rank's slice of the full ``tensor`` (shaped by :meth:`full_shape`)."""
 
     #: The weight in its weight format, once every piece arrived quantized (then ``weight``
-    #: is ``None``); a memory report sums its ``nbytes``.
-    quantized: QuantizedWeight | None = None
+    #: is ``None``; pieces of several types: a MixedPieces); a memory report sums its
+    #: ``nbytes``.
+    quantized: QuantizedWeight | MixedPieces | None = None
 
     def _store_weight_piece(
         self, piece: str | None, local: FullTensor, rows: slice | None = None
@@ -78,8 +83,8 @@ class ShardedModule(nn.Module):
         pending = [self._pending_pieces[name] for name in self.piece_names or (None,)]
         del self._pending_pieces
         pieces = [tensor for tensor, _ in pending]
-        if joinable(pieces):
-            self.quantized = pieces[0].format.cat_rows(pieces)  # owns its memory
+        if all(isinstance(piece, QuantizedWeight) for piece in pieces):
+            self.quantized = MixedPieces.join(pieces)  # owns its memory
             self.weight = None
             return
         for tensor, target_rows in pending:
