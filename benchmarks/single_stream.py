@@ -9,7 +9,9 @@ trial's fresh process after one warm-up generation of the same shape (on other t
 so no engine's prefix cache can skip the timed prefill).
 
 * ``vlite``: ``LLM(model=None or --model, **settings)`` from ``--vlite-setting`` (with
-  ``cpu_threads=N`` when vlite accepts it), ``generate`` with ``ignore_eos=True``; each
+  ``cpu_threads=N`` when vlite accepts it, and, unless a setting sizes the KV cache,
+  ``kv_cache_tokens`` for the warm-up and the timed request, as ``vlite run`` sizes its
+  cache to its requests), ``generate`` with ``ignore_eos=True``; each
   ``--vlite-variant NAME:KEY=VALUE,...`` adds one more vlite row with those settings;
 * ``llama.cpp``: llama-cpp-python's ``Llama(n_threads=N, n_threads_batch=N, n_ctx=512)``
   on the same GGUF file, ``reset()`` then ``create_completion`` of the token ids at
@@ -135,6 +137,9 @@ def run_vlite(args: argparse.Namespace) -> dict[str, Any]:
     from vlite import SamplingParams
 
     settings = harness.parse_settings(args.vlite_setting)
+    if not {"kv_cache_tokens", "num_kv_blocks", "kv_cache_memory_gib"} & settings.keys():
+        # As `vlite run` sizes its cache to its requests (llama.cpp's context is sized so too).
+        settings["kv_cache_tokens"] = 2 * (args.prompt_len + args.output_len)
     model = str(args.model) if args.model else None
     llm, took_cpu_threads = harness.make_vlite_llm(model, settings, args.threads[0])
     params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
