@@ -14,40 +14,14 @@ import torch
 
 from vlite.kernels import native
 from vlite.kernels.native import BLOCK_LAYOUTS, gguf_block_kernels
+from vlite.testing.tiny_gguf import random_quantized_matrix
 
-#: Byte offsets of each type's fp16 fields (scales, minimums) within a block.
-FP16_FIELDS = {
-    "Q4_0": (0,),
-    "Q4_1": (0, 2),
-    "Q8_0": (0,),
-    "Q5_0": (0,),
-    "Q5_1": (0, 2),
-    "IQ4_NL": (0,),
-    "Q2_K": (80, 82),
-    "Q3_K": (108,),
-    "Q4_K": (0, 2),
-    "Q5_K": (0, 2),
-    "Q6_K": (208,),
-    "IQ4_XS": (0,),
-}
-FLOAT_TYPES = {"F16": np.float16, "BF16": None}
+FLOAT_TYPES = ("F16", "BF16")
 ALL_TYPES = sorted(BLOCK_LAYOUTS)
 
 
 def random_blocks(qtype: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
-    """``[rows, cols / values * nbytes]`` uint8: random bits, fp16 fields small and finite."""
-    rng = np.random.default_rng(seed)
-    layout = BLOCK_LAYOUTS[qtype]
-    if qtype in FLOAT_TYPES:
-        values = rng.standard_normal((rows, cols)).astype(np.float32)
-        kind = gguf.GGMLQuantizationType[qtype]
-        return gguf.quants.quantize(values, kind).view(np.uint8).reshape(rows, -1)
-    num_blocks = rows * cols // layout.values
-    blocks = rng.integers(0, 256, (num_blocks, layout.nbytes), dtype=np.uint8)
-    for offset in FP16_FIELDS[qtype]:
-        scale = rng.uniform(-0.05, 0.05, num_blocks).astype(np.float16)
-        blocks[:, offset : offset + 2] = scale.view(np.uint8).reshape(num_blocks, 2)
-    return blocks.reshape(rows, -1)
+    return random_quantized_matrix(qtype, rows, cols, np.random.default_rng(seed))
 
 
 def reference(qtype: str, blocks: np.ndarray, cols: int) -> torch.Tensor:

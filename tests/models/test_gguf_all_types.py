@@ -15,37 +15,10 @@ import pytest
 from vlite import LLM, SamplingParams
 from vlite.kernels.native import BLOCK_LAYOUTS
 from vlite.testing import tiny_gguf
-from vlite.testing.tiny_gguf import write_tiny_gguf
+from vlite.testing.tiny_gguf import random_quantized_matrix, write_tiny_gguf
 from vlite.testing.tiny_models import make_tiny_model
 
-#: Byte offsets of each type's fp16 fields (scales, minimums) within a block.
-FP16_FIELDS = {
-    "Q5_0": (0,),
-    "Q5_1": (0, 2),
-    "IQ4_NL": (0,),
-    "Q2_K": (80, 82),
-    "Q3_K": (108,),
-    "Q4_K": (0, 2),
-    "Q5_K": (0, 2),
-    "Q6_K": (208,),
-    "IQ4_XS": (0,),
-}
-TYPES = [*sorted(FP16_FIELDS), "F16", "BF16"]
-
-
-def random_matrix(qtype: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
-    """A ``[rows, cols]`` matrix of random ``qtype`` blocks, as bytes ``[rows, row bytes]``."""
-    kind = gguf.GGMLQuantizationType[qtype]
-    if qtype in ("F16", "BF16"):
-        values = rng.standard_normal((rows, cols)).astype(np.float32) * 0.05
-        return gguf.quants.quantize(values, kind)
-    layout = BLOCK_LAYOUTS[qtype]
-    num_blocks = rows * cols // layout.values
-    blocks = rng.integers(0, 256, (num_blocks, layout.nbytes), dtype=np.uint8)
-    for offset in FP16_FIELDS[qtype]:
-        scale = rng.uniform(2e-4, 2e-3, num_blocks).astype(np.float16)
-        blocks[:, offset : offset + 2] = scale.view(np.uint8).reshape(num_blocks, 2)
-    return blocks.reshape(rows, -1)
+TYPES = sorted(BLOCK_LAYOUTS.keys() - {"Q4_0", "Q4_1", "Q8_0"})  # those: test_gguf.py
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +37,8 @@ def write_file(folder, path, qtype: str, monkeypatch) -> None:
         if array.ndim != 2:
             return add_tensor(writer, name, array, quantize, float_type)
         kind = gguf.GGMLQuantizationType[qtype]
-        writer.add_tensor(name, random_matrix(qtype, *array.shape, rng), raw_dtype=kind)
+        blocks = random_quantized_matrix(qtype, *array.shape, rng, scale_range=(2e-4, 2e-3))
+        writer.add_tensor(name, blocks, raw_dtype=kind)
 
     monkeypatch.setattr(tiny_gguf, "_add_tensor", random_blocks)
     write_tiny_gguf(folder, path)

@@ -305,3 +305,48 @@ def _add_tensor(
         writer.add_tensor(name, gguf.quants.quantize(array, kind), raw_dtype=kind)
     else:
         writer.add_tensor(name, array.astype(np.float16 if float_type == "F16" else np.float32))
+
+
+#: Byte offsets of the fp16 fields (scales, minimums) in one block of each quantized GGUF
+#: type with kernels (:data:`vlite.kernels.native.BLOCK_LAYOUTS`).
+FP16_FIELDS = {
+    "Q4_0": (0,),
+    "Q4_1": (0, 2),
+    "Q8_0": (0,),
+    "Q5_0": (0,),
+    "Q5_1": (0, 2),
+    "IQ4_NL": (0,),
+    "Q2_K": (80, 82),
+    "Q3_K": (108,),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+    "IQ4_XS": (0,),
+}
+
+
+def random_quantized_matrix(
+    qtype: str,
+    rows: int,
+    cols: int,
+    rng: np.random.Generator,
+    scale_range: tuple[float, float] = (-0.05, 0.05),
+) -> np.ndarray:
+    """The stored bytes ``[rows, row_bytes]`` (``uint8``) of a random ``[rows, cols]``
+    ``qtype`` matrix: every bit random but the fp16 scales, drawn from ``scale_range``
+    (finite), so every bit pattern of every other field occurs. F16/BF16: random normal
+    values (times ``scale_range[1]``). gguf-py cannot quantize to the K-quants or IQ4; its
+    dequantization reads these bytes for every type."""
+    from vlite.kernels.native import BLOCK_LAYOUTS
+
+    kind = gguf.GGMLQuantizationType[qtype]
+    if qtype in ("F16", "BF16"):
+        values = rng.standard_normal((rows, cols)).astype(np.float32) * scale_range[1] / 0.05
+        return gguf.quants.quantize(values, kind).view(np.uint8).reshape(rows, -1)
+    layout = BLOCK_LAYOUTS[qtype]
+    num_blocks = rows * cols // layout.values
+    blocks = rng.integers(0, 256, (num_blocks, layout.nbytes), dtype=np.uint8)
+    for offset in FP16_FIELDS[qtype]:
+        scale = rng.uniform(*scale_range, num_blocks).astype(np.float16)
+        blocks[:, offset : offset + 2] = scale.view(np.uint8).reshape(num_blocks, 2)
+    return blocks.reshape(rows, -1)
