@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vlite.distributed import SINGLE_RANK, TensorParallelGroup
+from vlite.distributed import SINGLE_RANK
 from vlite.models.llama import LlamaForCausalLM, check_tensor_parallel_size
 from vlite.models.loader import build_model, iter_safetensors_weights, load_hf_config
 from vlite.models.parallel_layers import (
@@ -25,23 +25,7 @@ from vlite.models.parallel_layers import (
 )
 from vlite.plugins.attention.torch_ref import TorchAttentionBackend
 from vlite.testing.engine_runs import cached_tiny_model
-
-
-class LocalOnlyGroup(TensorParallelGroup):
-    """Rank ``rank`` of ``world_size`` whose collectives return the local tensor."""
-
-    def __init__(self, rank: int, world_size: int) -> None:
-        super().__init__(rank, world_size, process_group="not used")
-
-    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor
-
-    def all_gather(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
-        return tensor
-
-
-def ranks(world_size: int) -> list[TensorParallelGroup]:
-    return [LocalOnlyGroup(rank, world_size) for rank in range(world_size)]
+from vlite.testing.local_ranks import LocalOnlyGroup, ranks
 
 
 @pytest.fixture

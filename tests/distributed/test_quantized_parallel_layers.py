@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vlite.distributed import TensorParallelGroup
 from vlite.kernels.native import BLOCK_LAYOUTS
 from vlite.models.mixed_pieces import MixedPieces
 from vlite.models.parallel_layers import (
@@ -18,26 +17,10 @@ from vlite.models.parallel_layers import (
     VocabParallelLMHead,
 )
 from vlite.plugins.weight_formats.gguf import GGUF_FORMAT
+from vlite.testing.local_ranks import ranks
 
 #: A 32-value type, and a 256-value one when the kernels have one.
 TYPES = ["Q8_0"] + [t for t in ("Q4_K",) if t in BLOCK_LAYOUTS]
-
-
-class LocalOnlyGroup(TensorParallelGroup):
-    """Rank ``rank`` of ``world_size`` whose collectives return the local tensor."""
-
-    def __init__(self, rank: int, world_size: int) -> None:
-        super().__init__(rank, world_size, process_group="not used")
-
-    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor
-
-    def all_gather(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
-        return tensor
-
-
-def ranks(world_size: int) -> list[TensorParallelGroup]:
-    return [LocalOnlyGroup(rank, world_size) for rank in range(world_size)]
 
 
 def quantized(qtype: str, rows: int, blocks_per_row: int, seed: int = 0):

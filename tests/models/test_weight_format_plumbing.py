@@ -180,3 +180,22 @@ def test_16_bit_float_matrices_are_kept_by_a_format_that_takes_them():
     assert plan.kept == {"F16": 2, "BF16": 1} and plan.dequantized == {}
     plan = plan_quantization("auto", ["F32", "F16"], CPU, {"q41": Q41Format()})
     assert not plan.kept and plan.reason == "the GGUF file holds no quantized tensor"
+
+
+def test_plugin_api_3s_quantized_matrix_still_works():
+    """docs/plugins.md (API 3) offered models `QuantizedMatrix`: its calls keep working."""
+    import numpy as np
+
+    from vlite.models.quantization import BlockQuantizedTensor, QuantizedMatrix
+    from vlite.testing.tiny_gguf import random_quantized_matrix
+
+    raw = random_quantized_matrix("Q4_1", 8, 64, np.random.default_rng(0))
+    tensor = BlockQuantizedTensor("Q4_1", torch.from_numpy(raw.copy()), 64)
+    matrix = QuantizedMatrix(tensor)
+    assert isinstance(matrix, QuantizedMatrix) and not isinstance(torch.zeros(1), QuantizedMatrix)
+    assert (matrix.qtype, matrix.out_features, matrix.in_features) == ("Q4_1", 8, 64)
+    values = tensor.dequantize()
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(matrix.matmul(x), x @ values.t(), rtol=1e-5, atol=1e-5)
+    assert torch.equal(matrix.rows(torch.tensor([5, 1]), torch.float32), values[[5, 1]])
+    assert torch.equal(matrix.narrow_rows(2, 3).dequantize(), values[2:5])

@@ -96,6 +96,20 @@ class QuantizedWeight(ABC):
         out = self.format.linear(self, flat if flat.dtype == torch.float32 else flat.float())
         return out.to(x.dtype).view(*x.shape[:-1], out_features)
 
+    @property
+    def out_features(self) -> int:
+        """``N``: rows of the matrix (of each expert's)."""
+        return self.shape[-2]
+
+    @property
+    def in_features(self) -> int:
+        """``K``: columns of the matrix."""
+        return self.shape[-1]
+
+    def narrow_rows(self, start: int, length: int) -> QuantizedWeight:
+        """Rows ``start:start + length`` of a matrix."""
+        return self.narrow(0, start, length)
+
     def rows(self, row_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Rows ``row_ids`` ``[T]`` of a matrix as ``[T, K]`` in ``dtype`` (an embedding
         lookup, by :meth:`WeightFormat.embedding`)."""

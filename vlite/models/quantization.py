@@ -62,10 +62,19 @@ def concat_rows(pieces: list[QuantizedWeight]) -> QuantizedWeight | None:
     return pieces[0].format.cat_rows(pieces)
 
 
-def QuantizedMatrix(tensor: QuantizedWeight) -> QuantizedWeight:  # noqa: N802 (an old class)
-    """The weight itself: a :class:`~vlite.core.weight_format.QuantizedWeight` has the
-    ``matmul(x)`` and ``rows(row_ids, dtype)`` this class used to add."""
-    return tensor
+class _QuantizedMatrixType(type):
+    def __instancecheck__(cls, instance: object) -> bool:
+        return isinstance(instance, QuantizedWeight)
+
+
+class QuantizedMatrix(metaclass=_QuantizedMatrixType):
+    """Plugin API 3's layer-side matrix, kept as a shim: ``QuantizedMatrix(weight)`` is the
+    weight itself (a :class:`~vlite.core.weight_format.QuantizedWeight` has ``matmul(x)``,
+    ``rows(row_ids, dtype)``, ``out_features``, ``in_features`` and ``narrow_rows``), and
+    every quantized weight is an instance of it."""
+
+    def __new__(cls, tensor: QuantizedWeight) -> QuantizedWeight:  # type: ignore[misc]
+        return tensor
 
 
 def builtin_weight_formats() -> dict[str, WeightFormat]:
