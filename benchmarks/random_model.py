@@ -7,6 +7,7 @@ of the named shape, random ``bfloat16`` safetensors, and vlite's tiny offline to
 LM head costs what it costs in the real model).
 
     python benchmarks/random_model.py llama-1b /tmp/llama-1b
+    python benchmarks/random_model.py llama-8b /tmp/llama-8b --config-only  # vlite's dummy load
     python benchmarks/throughput.py --model /tmp/llama-1b --device cuda --threads 1
 """
 
@@ -32,6 +33,20 @@ SHAPES = {
         vocab_size=128256,
         rope_theta=500000.0,
         tie_word_embeddings=True,
+    ),
+    # Llama-3.1-8B
+    "llama-8b": dict(
+        architectures=["LlamaForCausalLM"],
+        model_type="llama",
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=128256,
+        rope_theta=500000.0,
+        tie_word_embeddings=False,
     ),
     # Qwen2.5-0.5B
     "qwen2-0.5b": dict(
@@ -62,8 +77,9 @@ SHAPES = {
 }
 
 
-def write_random_model(shape: str, path: Path, seed: int = 0) -> Path:
-    """Write ``shape``'s config, random bfloat16 weights and the tiny tokenizer to ``path``."""
+def write_random_model(shape: str, path: Path, seed: int = 0, config_only: bool = False) -> Path:
+    """Write ``shape``'s config, random bfloat16 weights and the tiny tokenizer to ``path``
+    (with ``config_only``, no weights: vlite draws its own with ``load_format="dummy"``)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from vlite.testing.tiny_models import make_tiny_tokenizer
@@ -80,6 +96,10 @@ def write_random_model(shape: str, path: Path, seed: int = 0) -> Path:
         torch_dtype="bfloat16",
         **fields,
     )
+    if config_only:
+        config.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        return path
     torch.manual_seed(seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with torch.device(device):
@@ -94,8 +114,13 @@ def main() -> None:
     parser.add_argument("shape", choices=sorted(SHAPES))
     parser.add_argument("path", type=Path)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--config-only",
+        action="store_true",
+        help="write no weights (for vlite with --load-format dummy; the peers need weights)",
+    )
     args = parser.parse_args()
-    print(write_random_model(args.shape, args.path, args.seed))
+    print(write_random_model(args.shape, args.path, args.seed, args.config_only))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """The correctness oracle on a CUDA device: greedy float32 tokens equal transformers'.
 
 The CPU suites prove the model code and the backends under the Triton interpreter; this one
-runs the same engine on a GPU (compiled Triton kernels, CUDA tensors, the CUDA KV cache)
-with TF32 off, one batch of prompts crossing block boundaries, then the same prompts again
-through the prefix cache. Skipped without a CUDA device (``pytest -m gpu`` on a GPU host).
+runs the same engine on a GPU (compiled Triton kernels, CUDA tensors, the CUDA KV cache,
+decode steps replayed from CUDA graphs, and eagerly) with TF32 off, one batch of prompts
+crossing block boundaries, then the same prompts again through the prefix cache. Skipped
+without a CUDA device (``pytest -m gpu`` on a GPU host).
 """
 
 from __future__ import annotations
@@ -60,8 +61,12 @@ def cuda_case(request, tmp_path_factory):
     return folder, prompts, expected
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_cuda_float32_greedy_equals_transformers(cuda_case, backend):
+@pytest.mark.parametrize(
+    "backend, enforce_eager",
+    [("torch", False), ("triton", False), ("triton", True)],
+    ids=["torch", "triton-graphs", "triton-eager"],
+)
+def test_cuda_float32_greedy_equals_transformers(cuda_case, backend, enforce_eager):
     folder, prompts, expected = cuda_case
     llm = LLM(
         model=str(folder),
@@ -69,7 +74,11 @@ def test_cuda_float32_greedy_equals_transformers(cuda_case, backend):
         dtype="float32",
         attention_backend=backend,
         num_kv_blocks=64,
+        enforce_eager=enforce_eager,
     )
+    worker = llm.llm_engine.engine_core.executor.worker
+    # Decode steps replay CUDA graphs where the backend supports them, unless told not to.
+    assert (worker.cuda_graph_report is not None) == (backend == "triton" and not enforce_eager)
     params = SamplingParams(max_tokens=NUM_NEW_TOKENS, temperature=0.0, ignore_eos=True)
     for _ in range(2):  # the second pass is served from the prefix cache
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)

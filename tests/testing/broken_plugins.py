@@ -129,6 +129,13 @@ class Int32TokensSampler(DefaultSampler):
         return super().sample(logits, metadata).to(torch.int32)
 
 
+class HostListGraphBackend(TorchAttentionBackend):
+    """Claims CUDA graphs, yet reads each step's lengths from the metadata's host lists
+    (which a replayed graph never rewrites)."""
+
+    supports_cuda_graphs = True
+
+
 class WrongTokensExecutor(UniprocExecutor):
     """Reports each sampled token off by one."""
 
@@ -181,6 +188,7 @@ def register_attention_backends(register) -> None:
     register("scale-ignoring", ScaleIgnoringBackend)
     register("window-ignoring", WindowIgnoringBackend)
     register("soft-cap-ignoring", SoftCapIgnoringBackend)
+    register("host-list-graph", HostListGraphBackend)
 
 
 @hookimpl

@@ -136,6 +136,12 @@ def test_attention_suite_catches_a_backend_that_ignores_the_window(pytester):
     assert outcomes["test_logits_soft_cap_matches_dense_attention[None]"] == "passed"
 
 
+def test_attention_suite_catches_a_graph_claiming_backend_that_reads_host_lists(pytester):
+    outcomes = run_suite(pytester, "AttentionBackendConformance", "host-list-graph")
+    assert_caught(outcomes, {"test_decode_replays_over_rewritten_metadata"})
+    assert outcomes["test_matches_dense_attention_decoding_only"] == "passed"
+
+
 def test_attention_suite_catches_a_backend_that_ignores_the_soft_cap(pytester):
     outcomes = run_suite(pytester, "AttentionBackendConformance", "soft-cap-ignoring")
     assert_caught(

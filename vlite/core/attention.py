@@ -84,6 +84,13 @@ class AttentionBackend(ABC):
     #: Whether :meth:`forward` takes ``logits_soft_cap`` (Gemma 2 caps attention scores at
     #: ``cap * tanh(score / cap)``); refused and passed like ``sliding_window``.
     supports_logits_soft_cap: bool = False
+    #: Whether a decode step's :meth:`forward` may be captured into a CUDA graph and
+    #: replayed (see :mod:`vlite.worker.cuda_graphs`): it reads the metadata's device
+    #: tensors only, rewritten in place between replays, takes ``max_query_len`` and
+    #: ``max_seq_len`` as bounds (the capture-time values hold for every replay), never reads
+    #: the per-sequence host lists, never synchronises with the host, and keeps no tensor
+    #: it allocates during a call for the next one. A backend without it runs eagerly.
+    supports_cuda_graphs: bool = False
 
     def __init__(
         self,

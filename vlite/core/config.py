@@ -34,6 +34,7 @@ DTYPES: dict[str, torch.dtype] = {
 }
 
 _DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+_DEFAULT_MAX_CUDAGRAPH_CAPTURE_SIZE = 512
 ENV_PREFIX = "VLITE_"
 
 
@@ -113,6 +114,18 @@ class VliteConfig(BaseSettings):
         description="Schedule the next batch while one runs (two batches in flight on one "
         "pipeline stage; a pipeline keeps one per stage anyway). Pays off only where the "
         "workers run apart from the engine (executor 'multiproc' or 'ray').",
+    )
+    enforce_eager: bool = Field(
+        False,
+        description="On CUDA, run every step eagerly: capture no CUDA graphs of decode steps "
+        "(they are captured by default, for attention backends that support them, with one "
+        "worker per stage).",
+    )
+    max_cudagraph_capture_size: int | None = Field(
+        None,
+        ge=1,
+        description="On CUDA, the largest decode batch captured into a CUDA graph (larger "
+        "batches and prefills run eagerly); default: min(max_num_seqs, 512).",
     )
 
     max_num_seqs: int = Field(256, ge=1, description="Most requests in one step's batch.")
@@ -202,6 +215,12 @@ class VliteConfig(BaseSettings):
         if self.max_num_batched_tokens is not None:
             return self.max_num_batched_tokens
         return max(_DEFAULT_MAX_NUM_BATCHED_TOKENS, max_model_len)
+
+    @property
+    def resolved_max_cudagraph_capture_size(self) -> int:
+        """The largest decode batch captured into a CUDA graph (never above max_num_seqs)."""
+        largest = self.max_cudagraph_capture_size or _DEFAULT_MAX_CUDAGRAPH_CAPTURE_SIZE
+        return min(largest, self.max_num_seqs)
 
     @classmethod
     def settings_customise_sources(

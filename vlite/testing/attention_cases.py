@@ -258,3 +258,70 @@ def build_metadata(
         query_lens_cpu=query_lens,
         seq_lens_cpu=seq_lens,
     )
+
+
+def run_replay_case(
+    backend: AttentionBackend,
+    shape: AttentionShape,
+    steps: list[list[int]],
+    capacity: int,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+) -> list[StepResult]:
+    """Decode steps through one metadata object, as a captured CUDA graph replays them.
+
+    ``steps[i]`` lists the context lengths (the new token included) of at most ``capacity``
+    sequences. Each step's contexts but their last token are first written by an eager
+    prefill through ``backend``; then the step's one-token decodes go through the *same*
+    :class:`AttentionMetadata` every time: the one a graph of ``capacity`` rows is captured
+    with (:meth:`~vlite.worker.cuda_graphs.DecodeInputBuffers.metadata`, ``max_seq_len``
+    the longest context of all steps), its tensors rewritten in place and padded as the
+    worker pads them. A backend that reads the capture-time host ints as a step's values,
+    or keeps a stale tensor between calls, gets the later steps wrong. Results hold the
+    step's real rows only.
+    """
+    from vlite.worker.cuda_graphs import DecodeInputBuffers
+
+    device = torch.device(device)
+    gen = torch.Generator().manual_seed(seed)
+    bs = shape.block_size
+    longest = max(max(step) for step in steps)
+    num_blocks = max(sum(-(-length // bs) for length in step) for step in steps) + 2
+    kv_cache = (10 * torch.randn(backend.kv_cache_shape(num_blocks), generator=gen)).to(
+        device, dtype
+    )
+    buffers = DecodeInputBuffers(capacity, -(-longest // bs), device)
+    replayed = buffers.metadata(capacity, longest)
+
+    def random_rows(rows: int, heads: int) -> torch.Tensor:
+        return torch.randn(rows, heads, shape.head_dim, generator=gen).to(dtype)
+
+    results = []
+    for step in steps:
+        pool = torch.randperm(num_blocks, generator=gen).tolist()
+        tables = [[pool.pop() for _ in range(-(-length // bs))] for length in step]
+        heads = (shape.num_heads, shape.num_kv_heads, shape.num_kv_heads)
+        qkv = [tuple(random_rows(n, h) for h in heads) for n in step]
+        prefills = [i for i, length in enumerate(step) if length > 1]
+        if prefills:
+            spans = [(0, step[i] - 1) for i in prefills]
+            metadata = build_metadata([tables[i] for i in prefills], spans, bs, device)
+            query, key, value = (
+                torch.cat([qkv[i][j][: step[i] - 1] for i in prefills]).to(device) for j in range(3)
+            )
+            backend.forward(query, key, value, kv_cache, metadata)
+        eager = build_metadata(tables, [(length - 1, 1) for length in step], bs, device)
+        tokens = torch.zeros(len(step), dtype=torch.int64, device=device)
+        buffers.load(tokens, tokens, eager, capacity)
+        padding = capacity - len(step)
+        query, key, value = (
+            torch.cat(
+                [torch.stack([qkv[i][j][-1] for i in range(len(step))]), random_rows(padding, h)]
+            ).to(device)
+            for j, h in enumerate(heads)
+        )
+        output = backend.forward(query, key, value, kv_cache, replayed)[: len(step)].cpu()
+        expected = torch.cat([dense_causal_attention(q[-1:], k, v, shape.scale) for q, k, v in qkv])
+        results.append(StepResult("replay", [(n - 1, 1) for n in step], output, expected))
+    return results

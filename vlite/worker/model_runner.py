@@ -8,6 +8,12 @@ from vlite.core.logits_processor import AddedRequest
 from vlite.core.outputs import GrammarBitmask, ModelRunnerOutput, NewRequestData, SchedulerOutput
 from vlite.core.sampler import Sampler
 from vlite.distributed.pipeline import SINGLE_STAGE, PipelineParallelGroup
+from vlite.worker.cuda_graphs import (
+    CaptureReport,
+    DecodeGraphs,
+    DecodeInputBuffers,
+    capture_sizes,
+)
 from vlite.worker.grammar_mask import apply_grammar_bitmask
 from vlite.worker.input_batch import CachedRequestState, ModelInputs, prepare_inputs
 from vlite.worker.logits_processors import LogitsProcessorPipeline
@@ -49,6 +55,8 @@ class ModelRunner:
         self.pipeline: PipelineParallelGroup = getattr(model, "pp_group", SINGLE_STAGE)
         #: LongRoPE models: sequences of more known tokens use the long factors.
         self.long_rope_threshold: int | None = getattr(model, "long_rope_threshold", None)
+        #: Captured decode forwards (:meth:`capture_decode_graphs`; ``None``: all eager).
+        self.decode_graphs: DecodeGraphs | None = None
 
     def initialize_kv_cache(self, num_blocks: int, dtype: torch.dtype) -> None:
         shape = self.model.attention.kv_cache_shape(num_blocks)
@@ -56,6 +64,27 @@ class ModelRunner:
             torch.zeros(shape, dtype=dtype, device=self.device)
             for _ in range(self.model.num_layers)
         ]
+
+    @torch.inference_mode()
+    def capture_decode_graphs(self, largest: int, max_seq_len: int, capturer) -> CaptureReport:
+        """Capture the decode forward for every size of ``capture_sizes(largest)`` over
+        the allocated KV cache; later decode steps of at most ``largest`` sequences replay.
+
+        Args:
+            largest: the largest decode batch captured.
+            max_seq_len: the longest context a replayed step may have.
+            capturer: see :class:`~vlite.worker.cuda_graphs.DecodeGraphs`.
+        """
+        max_blocks = -(-max_seq_len // self.block_size)
+        buffers = DecodeInputBuffers(largest, max_blocks, self.device)
+
+        def forward(input_ids, positions, metadata):
+            return self.model.forward(input_ids, positions, self.kv_caches, metadata)
+
+        graphs = DecodeGraphs(forward, buffers, max_seq_len, capturer)
+        report = graphs.capture(capture_sizes(largest))
+        self.decode_graphs = graphs
+        return report
 
     # ---- state updates -------------------------------------------------------------
 
@@ -158,6 +187,10 @@ class ModelRunner:
         before the last, the tensors for the next stage)."""
         args = (inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata)
         if self.pipeline.num_stages == 1:
+            if self.decode_graphs is not None:
+                hidden = self.decode_graphs.replay(*args[:2], inputs.attn_metadata)
+                if hidden is not None:
+                    return hidden
             return self.model.forward(*args)
         intermediate = None
         if not self.pipeline.is_first:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 
@@ -24,6 +25,7 @@ from vlite.worker.cpu_threads import (
     resolve_cpu_threads,
     use_cpu_threads,
 )
+from vlite.worker.cuda_graphs import CaptureReport, CudaGraphCapturer
 from vlite.worker.logits_processors import LogitsProcessorPipeline
 from vlite.worker.model_runner import ModelRunner
 
@@ -72,6 +74,8 @@ class Worker:
         self.model_runner: ModelRunner | None = None
         #: The attention backend in use (what "auto" resolved to), set by load_model.
         self.attention_backend_name: str | None = None
+        #: What capturing the decode graphs cost (``None``: none captured).
+        self.cuda_graph_report: CaptureReport | None = None
         torch.manual_seed(config.seed)
 
     def load_model(self) -> None:
@@ -195,7 +199,34 @@ class Worker:
         return min(_DEFAULT_CPU_KV_CACHE_GIB * _GIB, available / 4)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
+        """Allocate the KV cache; then, on CUDA, capture the decode graphs (and print what
+        that cost, or why there are none)."""
         self.runner.initialize_kv_cache(num_blocks, self.dtype)
+        if self.device.type != "cuda" or self.config.enforce_eager:
+            return
+        reason = self.cuda_graphs_unavailable_reason()
+        if reason is not None:
+            print(f"CUDA graphs: off ({reason})", file=sys.stderr, flush=True)
+            return
+        self.cuda_graph_report = self.runner.capture_decode_graphs(
+            self.config.resolved_max_cudagraph_capture_size,
+            self.model_spec.max_model_len,
+            CudaGraphCapturer(),
+        )
+        print(self.cuda_graph_report.describe(), file=sys.stderr, flush=True)
+
+    def cuda_graphs_unavailable_reason(self) -> str | None:
+        """Why this worker's decode steps cannot be captured (``None``: they can)."""
+        name = self.attention_backend_name
+        if not getattr(self.registry.get("attention_backend", name), "supports_cuda_graphs", False):
+            return f"attention backend {name!r} does not support them"
+        if self.tp_group.is_parallel:
+            return "not captured with tensor parallelism"
+        if self.pp_group.num_stages > 1:
+            return "not captured with pipeline parallelism"
+        if self.runner.long_rope_threshold is not None:
+            return "a LongRoPE model rotates by the context's length, known only per step"
+        return None
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> None:
         if self.thread_governor is not None:

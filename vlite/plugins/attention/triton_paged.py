@@ -9,7 +9,8 @@ Two launches per layer and step, whatever the batch holds:
    paged cache; a batch of few sequences is split across more programs (split-K) and
    reduced by a third launch.
 
-No host-device synchronisation: launch sizes come from the metadata's host ints.
+No host-device synchronisation: launch sizes come from the metadata's host ints, used as
+bounds only, so a decode step can be captured into a CUDA graph (``supports_cuda_graphs``).
 
 On a machine without a CUDA device the kernels run under the Triton interpreter on CPU
 tensors (``TRITON_INTERPRET=1``, set by the backend itself, with one warning): correct,
@@ -55,6 +56,7 @@ class TritonAttentionBackend(AttentionBackend):
     supports_prefix_caching = True
     supports_sliding_window = True
     supports_logits_soft_cap = True
+    supports_cuda_graphs = True
 
     def __init__(
         self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, block_size: int
@@ -77,6 +79,14 @@ class TritonAttentionBackend(AttentionBackend):
             kernels = self._kernels[device.type] = load_kernels(device)
             self._workspaces[device.type] = kernels.new_workspace()
         return kernels
+
+    def _workspace(self, device: torch.device) -> SplitWorkspace | None:
+        """The reused split-K buffer, except while a CUDA graph is captured: the graph then
+        keeps buffers of its own (from its memory pool), which an eager call growing the
+        shared one could not free under it."""
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        return self._workspaces[device.type]
 
     @classmethod
     def unavailable_reason(cls, device: torch.device, dtype: torch.dtype) -> str | None:
@@ -115,7 +125,7 @@ class TritonAttentionBackend(AttentionBackend):
             max_seq_len=metadata.max_seq_len,
             scale=self.scale,
             num_splits=self.num_splits,
-            workspace=self._workspaces[query.device.type],
+            workspace=self._workspace(query.device),
             sliding_window=sliding_window,
             logits_soft_cap=logits_soft_cap,
         )

@@ -20,6 +20,7 @@ from vlite.testing.attention_cases import (
     decode_batch,
     random_batch,
     run_case,
+    run_replay_case,
 )
 from vlite.testing.conformance.base import PluginConformance
 from vlite.testing.engine_runs import cached_tiny_model, generate_tokens, mixed_prompts
@@ -37,7 +38,7 @@ class AttentionBackendConformance(PluginConformance):
 
     Capability flags and limits (class attributes of the backend, see
     :class:`~vlite.core.attention.AttentionBackend`): ``supports_prefix_caching``,
-    ``supports_sliding_window``, ``supports_logits_soft_cap``,
+    ``supports_sliding_window``, ``supports_logits_soft_cap``, ``supports_cuda_graphs``,
     ``supported_dtypes``, ``supported_head_dims``, ``supported_block_sizes``; shapes outside
     the backend's limits are skipped.
 
@@ -62,10 +63,12 @@ class AttentionBackendConformance(PluginConformance):
         "supports_prefix_caching": True,
         "supports_sliding_window": False,
         "supports_logits_soft_cap": False,
+        "supports_cuda_graphs": False,
     }
     supports_prefix_caching: ClassVar[bool | None] = None
     supports_sliding_window: ClassVar[bool | None] = None
     supports_logits_soft_cap: ClassVar[bool | None] = None
+    supports_cuda_graphs: ClassVar[bool | None] = None
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         if "attention_shape" in metafunc.fixturenames:
@@ -221,6 +224,25 @@ class AttentionBackendConformance(PluginConformance):
         backend = self.make_backend(plugin_cls, shape)
         cached_prefill = self.claims(plugin_cls, "supports_prefix_caching")
         self.check_case(backend, shape, boundary_batch(shape.block_size, cached_prefill), dtype)
+
+    def test_decode_replays_over_rewritten_metadata(self, plugin_cls) -> None:
+        """A backend claiming ``supports_cuda_graphs`` computes every decode step right
+        through one metadata object rewritten in place (padded rows, capture-time bounds
+        as host ints), as a captured graph replays it."""
+        self.require(plugin_cls, "supports_cuda_graphs")
+        shape = AttentionShape(self.head_dims[0], self.gqa_ratios[-1], self.block_sizes[0])
+        backend = self.make_backend(plugin_cls, shape)
+        bs = shape.block_size
+        steps = [[5, 3 * bs + 2, bs + 1], [bs], [2, 4 * bs + 1, bs, 9]]
+        atol, rtol = self.tolerances[torch.float32]
+        for result in run_replay_case(backend, shape, steps, capacity=4, device=self.device):
+            torch.testing.assert_close(
+                result.output.double(),
+                result.expected,
+                atol=atol,
+                rtol=rtol,
+                msg=lambda m, r=result: f"{shape}, replayed decodes {r.batch}: {m}",
+            )
 
     # ---- end to end --------------------------------------------------------------------
 

@@ -1,0 +1,103 @@
+"""Decode speed on a GPU with CUDA graphs and without, alternated in one process.
+
+Two engines of the same model are built side by side (``enforce_eager`` false and true, each
+with ``--kv-cache-gib`` of cache); every round runs each batch size on each engine in turn
+(A B A B ...): ``B`` requests of ``--input-len`` random prompt tokens arriving together,
+each decoding exactly ``--output-len`` tokens. The decode step time is the median gap
+between a request's consecutive tokens (every step of the run after the prefill is a
+decode of all ``B``), so decode tokens/s is ``B`` over it. Batch 1 is also set against the
+memory roofline: the weights' bytes read once per step at ``--peak-gbps``.
+
+    python benchmarks/random_model.py llama-1b /tmp/llama-1b --config-only
+    python benchmarks/decode_graphs.py --model /tmp/llama-1b --batch-sizes 1 16 64 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+
+import torch
+
+from vlite import LLM
+from vlite.bench.workload import Arrival, random_token_ids, run_workload
+
+MODES = {"graphs": False, "eager": True}
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="model folder (config.json suffices)")
+    parser.add_argument("--load-format", default="dummy", help="vlite's load_format")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64, 256])
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--kv-cache-gib", type=float, default=8.0)
+    parser.add_argument(
+        "--peak-gbps", type=float, default=3352.0, help="the GPU's memory bandwidth (H100 SXM)"
+    )
+    parser.add_argument("--json", help="write every measurement here")
+    return parser.parse_args()
+
+
+def decode_step_s(llm: LLM, batch: int, args: argparse.Namespace, seed: int) -> float:
+    """The median inter-token gap of ``batch`` requests decoding together."""
+    rng = random.Random(seed)
+    vocab = llm.llm_engine.model_spec.vocab_size
+    arrivals = [
+        Arrival(0, f"r{seed}-{i}", random_token_ids(rng, args.input_len, vocab), args.output_len)
+        for i in range(batch)
+    ]
+    result = run_workload(llm.llm_engine, arrivals)
+    return statistics.median(result.all_token_gaps_s())
+
+
+def main() -> None:
+    args = parse_args()
+    engines = {
+        mode: LLM(
+            model=args.model,
+            load_format=args.load_format,
+            kv_cache_memory_gib=args.kv_cache_gib,
+            enforce_eager=eager,
+            max_num_seqs=max(args.batch_sizes),
+        )
+        for mode, eager in MODES.items()
+    }
+    weights = engines["eager"].llm_engine.memory_plan.weights_bytes
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (no graphs)"
+    print(f"device: {device}, torch {torch.__version__}", flush=True)
+    for llm in engines.values():  # warm-up: compile every kernel the runs use
+        for batch in args.batch_sizes:
+            decode_step_s(llm, batch, argparse.Namespace(**{**vars(args), "output_len": 4}), 0)
+    steps: dict[tuple[str, int], list[float]] = {}
+    for round_index in range(args.rounds):
+        for batch in args.batch_sizes:
+            for mode, llm in engines.items():
+                step = decode_step_s(llm, batch, args, seed=1 + round_index)
+                steps.setdefault((mode, batch), []).append(step)
+                print(
+                    f"round {round_index + 1} {mode:6s} batch {batch:4d}: {step * 1e3:.3f} ms/step",
+                    flush=True,
+                )
+    roofline_s = weights / (args.peak_gbps * 1e9)
+    print(f"\nweights {weights / 1e9:.2f} GB; roofline {roofline_s * 1e3:.3f} ms per step")
+    print("| batch | mode | ms/step best | median | decode tok/s best | median | of roofline |")
+    print("|---:|---|---:|---:|---:|---:|---:|")
+    for batch in args.batch_sizes:
+        for mode in engines:
+            best, median = min(steps[mode, batch]), statistics.median(steps[mode, batch])
+            print(
+                f"| {batch} | {mode} | {best * 1e3:.2f} | {median * 1e3:.2f} | "
+                f"{batch / best:,.0f} | {batch / median:,.0f} | {roofline_s / best:.0%} |"
+            )
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({f"{m}-{b}": v for (m, b), v in steps.items()}, out, indent=1)
+
+
+if __name__ == "__main__":
+    main()
