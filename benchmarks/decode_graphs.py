@@ -1,9 +1,10 @@
 """Decode speed on a GPU with CUDA graphs and without, alternated in one process.
 
-Two engines of the same model are built side by side (``enforce_eager`` false and true, each
-with ``--kv-cache-gib`` of cache); every round runs each batch size on each engine in turn
-(A B A B ...): ``B`` requests of ``--input-len`` random prompt tokens arriving together,
-each decoding exactly ``--output-len`` tokens. The decode step time is the median gap
+One engine per mode of :data:`MODES` is built side by side, each with ``--kv-cache-gib`` of
+cache (their greedy tokens are checked first: the graphed modes must agree); every round
+runs each batch size on each engine in turn (A B C A B C ...): ``B`` requests of
+``--input-len`` random prompt tokens arriving together, each decoding exactly
+``--output-len`` tokens. The decode step time is the median gap
 between a request's consecutive tokens (every step of the run after the prefill is a
 decode of all ``B``), so decode tokens/s is ``B`` over it. Batch 1 is also set against the
 memory roofline: the weights' bytes read once per step at ``--peak-gbps``.
@@ -21,10 +22,16 @@ import statistics
 
 import torch
 
-from vlite import LLM
+from vlite import LLM, SamplingParams
 from vlite.bench.workload import Arrival, random_token_ids, run_workload
 
-MODES = {"graphs": False, "eager": True}
+#: Engine settings per mode: the CUDA default (graphs, async scheduling), graphs alone,
+#: and neither (every step eager and synchronous).
+MODES = {
+    "graphs+async": {},
+    "graphs": {"async_scheduling": False},
+    "eager": {"enforce_eager": True, "async_scheduling": False},
+}
 
 
 def parse_args() -> argparse.Namespace:
@@ -39,6 +46,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--peak-gbps", type=float, default=3352.0, help="the GPU's memory bandwidth (H100 SXM)"
     )
+    parser.add_argument("--modes", nargs="+", choices=sorted(MODES), default=list(MODES))
     parser.add_argument("--json", help="write every measurement here")
     return parser.parse_args()
 
@@ -55,6 +63,25 @@ def decode_step_s(llm: LLM, batch: int, args: argparse.Namespace, seed: int) -> 
     return statistics.median(result.all_token_gaps_s())
 
 
+def check_same_tokens(engines: dict[str, LLM]) -> None:
+    """Greedy tokens of the modes that run the same kernels (with graphs) must be equal."""
+    rng = random.Random(0)
+    graphed = {mode: llm for mode, llm in engines.items() if mode != "eager"}
+    if len(graphed) < 2:
+        return
+    vocab = next(iter(graphed.values())).llm_engine.model_spec.vocab_size
+    prompts = [{"prompt_token_ids": random_token_ids(rng, 20 + 9 * i, vocab)} for i in range(6)]
+    params = [
+        SamplingParams(max_tokens=8 + 4 * i, temperature=0.0, ignore_eos=True) for i in range(6)
+    ]
+    tokens = {
+        mode: [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        for mode, llm in graphed.items()
+    }
+    same = len({repr(t) for t in tokens.values()}) == 1
+    print(f"greedy tokens equal across {', '.join(graphed)}: {same}", flush=True)
+
+
 def main() -> None:
     args = parse_args()
     engines = {
@@ -62,12 +89,13 @@ def main() -> None:
             model=args.model,
             load_format=args.load_format,
             kv_cache_memory_gib=args.kv_cache_gib,
-            enforce_eager=eager,
             max_num_seqs=max(args.batch_sizes),
+            **MODES[mode],
         )
-        for mode, eager in MODES.items()
+        for mode in args.modes
     }
-    weights = engines["eager"].llm_engine.memory_plan.weights_bytes
+    weights = next(iter(engines.values())).llm_engine.memory_plan.weights_bytes
+    check_same_tokens(engines)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (no graphs)"
     print(f"device: {device}, torch {torch.__version__}", flush=True)
     for llm in engines.values():  # warm-up: compile every kernel the runs use

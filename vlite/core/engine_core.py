@@ -136,7 +136,7 @@ def batch_queue_depth(config: VliteConfig, executor: Executor) -> int:
     """How many batches the engine keeps in flight: one per pipeline stage, and two on a
     single stage with ``async_scheduling`` (the next batch is scheduled while one runs)."""
     depth = executor.max_concurrent_batches
-    if depth == 1 and config.async_scheduling:
+    if depth == 1 and config.resolved_async_scheduling:
         return 2
     return depth
 
@@ -231,6 +231,10 @@ class EngineCore:
         #: Batches kept in flight at most (1: the plain four-stage step).
         self.max_batches_in_flight = batch_queue_depth(config, self.executor)
         self.scheduler.max_batches_in_flight = self.max_batches_in_flight
+        # Async scheduling on one stage: the next batch goes on with the same decodes.
+        self.scheduler.overlaps_decodes = (
+            self.max_batches_in_flight > 1 and self.executor.max_concurrent_batches == 1
+        )
         self._batch_queue: deque[_BatchInFlight] = deque()
         self.structured_outputs = self._build_structured_outputs(config, model_spec)
         self.scheduler.structured_outputs = self.structured_outputs

@@ -98,6 +98,8 @@ class KVCacheManager:
         self._request_blocks: dict[str, list[KVCacheBlock]] = {}
         self._request_hashes: dict[str, list[BlockHash]] = {}
         self._num_released: dict[str, int] = {}
+        #: Request id -> its leading blocks published to the prefix cache so far.
+        self._num_published: dict[str, int] = {}
         self.num_prefix_hit_tokens = 0
         self.num_prefix_queried_tokens = 0
 
@@ -204,6 +206,8 @@ class KVCacheManager:
         newly added to the request's table, or ``None`` (and changes nothing) when there
         are not enough free blocks.
         """
+        if not cached_prefix and self._fits_held_blocks(request, num_new_tokens):
+            return []
         request_id = request.request_id
         held = self._request_blocks.setdefault(request_id, [])
         if cached_prefix and held:
@@ -226,6 +230,23 @@ class KVCacheManager:
         if self.enable_prefix_caching:
             self._cache_full_blocks(request, held, num_computed + num_new_tokens)
         return [block.block_id for block in new_blocks]
+
+    def _fits_held_blocks(self, request: Request, num_new_tokens: int) -> bool:
+        """The common decode step's shortcut: without a window, the new tokens fit the
+        blocks the request holds and no block is left to publish (so nothing is taken,
+        released or published)."""
+        if self.sliding_window is not None:
+            return False
+        held = self._request_blocks.get(request.request_id)
+        if not held:
+            return False
+        num_known = request.num_computed_tokens + num_new_tokens
+        if num_known > len(held) * self.block_size:
+            return False
+        if not self.enable_prefix_caching:
+            return True
+        num_full = min(num_known, len(request.all_token_ids)) // self.block_size
+        return self._num_published.get(request.request_id, 0) >= num_full
 
     def _release_before(self, request_id: str, window_start: int) -> None:
         """Drop the request's references to its blocks before ``window_start``."""
@@ -306,13 +327,19 @@ class KVCacheManager:
     ) -> None:
         """Publish the request's blocks that are full once this step's tokens are written
         (not released ones: another request may own them by now)."""
+        # Only blocks whose every token is known: an overlapping decode (see
+        # Scheduler.overlaps_decodes) allocates for a token not yet sampled.
+        num_known_tokens = min(num_known_tokens, len(request.all_token_ids))
         num_full = min(num_known_tokens // self.block_size, len(held))
         hashes = self._ensure_hashes(request, num_full)
-        first = self._num_released.get(request.request_id, 0)
+        request_id = request.request_id
+        first = max(self._num_released.get(request_id, 0), self._num_published.get(request_id, 0))
         for block, block_hash in zip(held[first:num_full], hashes[first:num_full]):
             if block.block_hash is None:
                 block.block_hash = block_hash
                 self._cached_blocks.setdefault(block_hash, block)
+        if num_full > self._num_published.get(request_id, 0):
+            self._num_published[request_id] = num_full
 
     # ---- freeing -------------------------------------------------------------------
 
@@ -329,6 +356,7 @@ class KVCacheManager:
         """
         blocks = self._request_blocks.pop(request.request_id, [])
         self._request_hashes.pop(request.request_id, None)
+        self._num_published.pop(request.request_id, None)
         num_released = self._num_released.pop(request.request_id, 0)
         num_valid_blocks = len(blocks)
         if num_computed_tokens is not None:

@@ -140,12 +140,19 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.waiting: list[Request] = []
         self.running: list[Request] = []
-        #: Ids of the requests in batches scheduled but not yet through
-        #: :meth:`update_from_output` (a batch queue keeps several in flight): they are
-        #: neither scheduled again nor preempted until their batch comes back.
-        self.in_flight: set[str] = set()
+        #: Request id -> tokens scheduled for it in batches not yet through
+        #: :meth:`update_from_output` (a batch queue keeps several in flight). Such a
+        #: request is not preempted until its batches come back, nor scheduled again,
+        #: except as a decode overlap (:attr:`overlaps_decodes`).
+        self.in_flight: dict[str, int] = {}
         #: Batches the engine keeps in flight (set by the engine; 1: the plain step).
         self.max_batches_in_flight = 1
+        #: Whether a request whose batch in flight samples its next token may be scheduled
+        #: in the next batch to compute that token, before the host knows it (set by the
+        #: engine for async scheduling on one stage, whose workers run batches in order and
+        #: know the tokens they sampled). A request that turns out to have stopped wastes
+        #: that one token, which nothing reads.
+        self.overlaps_decodes = False
         #: Compiles and queries grammars (set by the engine; needed for structured outputs).
         self.structured_outputs: StructuredOutputManager | None = None
         #: Requests whose grammar is compiling (``WAITING_FOR_FSM``), in arrival order.
@@ -162,7 +169,7 @@ class Scheduler:
         """Most requests one batch takes: all of them, or with ``max_batches_in_flight``
         batches in flight an equal share of the active requests (running and waiting, up
         to ``max_num_seqs``), so a pipeline's batches are alike and its stages stay busy."""
-        if self.max_batches_in_flight == 1:
+        if self.max_batches_in_flight == 1 or self.overlaps_decodes:
             return 1 << 62
         active = min(self.limits.max_num_seqs, len(self.running) + len(self.waiting))
         return max(1, -(-active // self.max_batches_in_flight))
@@ -251,8 +258,24 @@ class Scheduler:
 
     def has_schedulable_requests(self) -> bool:
         """Whether :meth:`schedule` could pick anything: a waiting request, or a running
-        one not in a batch in flight."""
-        return bool(self.waiting) or any(r.request_id not in self.in_flight for r in self.running)
+        one not in a batch in flight (or overlapping one)."""
+        return bool(self.waiting) or any(
+            r.request_id not in self.in_flight or self._continues_in_flight(r) for r in self.running
+        )
+
+    def _continues_in_flight(self, request: Request) -> bool:
+        """Whether a request in a batch in flight may be scheduled for the token that batch
+        samples (see :attr:`overlaps_decodes`): that batch computes the last of its known
+        tokens, the sampled token cannot be its last by length, and no grammar needs to see
+        the token before the next mask."""
+        if not self.overlaps_decodes or request.structured_output is not None:
+            return False
+        if request.num_computed_tokens + self.in_flight[request.request_id] != request.num_tokens:
+            return False
+        return (
+            request.num_output_tokens + 1 < request.sampling_params.max_tokens
+            and request.num_tokens + 1 < self.limits.max_model_len
+        )
 
     def _checked_num_tokens(self, request: Request, num_pending: int, budget: int) -> int:
         num_new = self.num_tokens_to_schedule(request, num_pending, budget)
@@ -385,7 +408,8 @@ class Scheduler:
             num_waits_max_num_seqs=step.num_waits_max_num_seqs,
         )
         self.num_steps += 1
-        self.in_flight.update(step.num_scheduled_tokens)
+        for request_id, num_tokens in step.num_scheduled_tokens.items():
+            self.in_flight[request_id] = self.in_flight.get(request_id, 0) + num_tokens
         return SchedulerOutput(
             new_requests=step.new_requests,
             cached_requests=step.cached_requests,
@@ -411,34 +435,39 @@ class Scheduler:
         for request in self._checked_running_order():
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            if request.request_id in self.in_flight:
+            num_in_flight = self.in_flight.get(request.request_id, 0)
+            if num_in_flight and not self._continues_in_flight(request):
                 continue  # its previous batch has not come back yet
             if len(step.num_scheduled_tokens) >= step.max_seqs:
                 break  # the batch's share of the requests is full
-            num_pending = request.num_tokens - request.num_computed_tokens
+            # An overlapping request computes the one token its batch in flight samples.
+            num_pending = 1 if num_in_flight else request.num_tokens - request.num_computed_tokens
             num_new = self._checked_num_tokens(request, num_pending, step.budget)
             if num_new == 0:
                 is_budget_spent = True
                 continue
-            new_block_ids = self._allocate_or_preempt(request, num_new, step)
+            new_block_ids = self._allocate_or_preempt(request, num_new, step, num_in_flight)
             if new_block_ids is None:
                 continue
             step.cached_requests.append(
                 CachedRequestData(
                     request.request_id,
                     new_block_ids,
-                    request.num_computed_tokens,
-                    new_token_ids=_tokens_to_compute(request, num_new),
+                    request.num_computed_tokens + num_in_flight,
+                    # The worker sampled an overlapping request's token itself.
+                    new_token_ids=[] if num_in_flight else _tokens_to_compute(request, num_new),
                 )
             )
             step.add(request, num_new)
         step.num_waits_budget += is_budget_spent
 
     def _allocate_or_preempt(
-        self, request: Request, num_new: int, step: _StepPlan
+        self, request: Request, num_new: int, step: _StepPlan, num_in_flight: int = 0
     ) -> list[int] | None:
+        """Blocks for ``num_new`` tokens after the request's computed and in-flight ones,
+        preempting the policy's victims while they are short (``None``: it waits)."""
         while True:
-            new_block_ids = self.kv_cache_manager.allocate_slots(request, num_new)
+            new_block_ids = self.kv_cache_manager.allocate_slots(request, num_in_flight + num_new)
             if new_block_ids is not None:
                 return new_block_ids
             victim = self._checked_victim()
@@ -568,7 +597,10 @@ class Scheduler:
         self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
     ) -> EngineCoreOutputs:
         """Advance counters, append sampled tokens, finish and free stopped requests."""
-        self.in_flight.difference_update(scheduler_output.num_scheduled_tokens)
+        for request_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
+            num_left = self.in_flight.pop(request_id, 0) - num_tokens
+            if num_left > 0:
+                self.in_flight[request_id] = num_left
         outputs: list[EngineCoreOutput] = []
         sampled = runner_output.sampled_token_ids
         logprobs = runner_output.logprobs
