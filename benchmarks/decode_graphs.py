@@ -10,7 +10,9 @@ decode of all ``B``), so decode tokens/s is ``B`` over it. Batch 1 is also set a
 memory roofline: the weights' bytes read once per step at ``--peak-gbps``.
 
     python benchmarks/random_model.py llama-1b /tmp/llama-1b --config-only
-    python benchmarks/decode_graphs.py --model /tmp/llama-1b --batch-sizes 1 16 64 256
+    python benchmarks/decode_graphs.py --model /tmp/llama-1b --batch-sizes 1 64 256 \
+        --json decode.json --plot decode.png
+    python benchmarks/decode_graphs.py --replot decode.json --plot decode.png  # redraw
 """
 
 from __future__ import annotations
@@ -25,18 +27,18 @@ import torch
 from vlite import LLM, SamplingParams
 from vlite.bench.workload import Arrival, random_token_ids, run_workload
 
-#: Engine settings per mode: the CUDA default (graphs, async scheduling), graphs alone,
-#: and neither (every step eager and synchronous).
+#: Engine settings per mode: graphs with async scheduling (decodes overlapping the next
+#: batch), graphs (the CUDA default), and neither (every step eager).
 MODES = {
-    "graphs+async": {},
-    "graphs": {"async_scheduling": False},
-    "eager": {"enforce_eager": True, "async_scheduling": False},
+    "graphs+async": {"async_scheduling": True},
+    "graphs": {},
+    "eager": {"enforce_eager": True},
 }
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="model folder (config.json suffices)")
+    parser.add_argument("--model", help="model folder (config.json suffices)")
     parser.add_argument("--load-format", default="dummy", help="vlite's load_format")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64, 256])
     parser.add_argument("--input-len", type=int, default=128)
@@ -48,6 +50,11 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--modes", nargs="+", choices=sorted(MODES), default=list(MODES))
     parser.add_argument("--json", help="write every measurement here")
+    parser.add_argument("--plot", help="draw decode tokens/s per batch size and mode here")
+    parser.add_argument(
+        "--replot", metavar="JSON", help="only draw --plot from an earlier run's --json"
+    )
+    parser.add_argument("--title", help="the chart's title (default: the device and model)")
     return parser.parse_args()
 
 
@@ -82,8 +89,48 @@ def check_same_tokens(engines: dict[str, LLM]) -> None:
     print(f"greedy tokens equal across {', '.join(graphed)}: {same}", flush=True)
 
 
+def plot(steps: dict[tuple[str, int], list[float]], path: str, title: str) -> None:
+    """Median decode tokens/s per batch size, one bar per mode (best as a tick)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = list(dict.fromkeys(mode for mode, _ in steps))
+    batches = sorted({batch for _, batch in steps})
+    figure, axes = plt.subplots(figsize=(7, 3.6))
+    width = 0.8 / len(modes)
+    for index, mode in enumerate(modes):
+        xs = [b + (index - (len(modes) - 1) / 2) * width for b in range(len(batches))]
+        medians = [batch / statistics.median(steps[mode, batch]) for batch in batches]
+        bests = [batch / min(steps[mode, batch]) for batch in batches]
+        axes.bar(xs, medians, width, label=mode)
+        axes.scatter(xs, bests, marker="_", color="black", zorder=3)
+        for x, value in zip(xs, medians):
+            axes.annotate(f"{value:,.0f}", (x, value), ha="center", va="bottom", fontsize=7)
+    axes.set_xticks(range(len(batches)), [f"batch {b}" for b in batches])
+    axes.set_yscale("log")
+    axes.set_ylabel("decode tokens/s (median; tick: best)")
+    axes.set_title(title, fontsize=9)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
+def read_steps(path: str) -> dict[tuple[str, int], list[float]]:
+    with open(path) as source:
+        raw = json.load(source)
+    return {(key.rsplit("-", 1)[0], int(key.rsplit("-", 1)[1])): v for key, v in raw.items()}
+
+
 def main() -> None:
     args = parse_args()
+    if args.replot:
+        plot(read_steps(args.replot), args.plot, args.title or "decode tokens/s by mode")
+        return
+    if args.model is None:
+        raise SystemExit("--model is required (or --replot JSON --plot PNG)")
     engines = {
         mode: LLM(
             model=args.model,
@@ -125,6 +172,9 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as out:
             json.dump({f"{m}-{b}": v for (m, b), v in steps.items()}, out, indent=1)
+    if args.plot:
+        title = args.title or f"{device}: {args.model}, {args.input_len}-token prompts"
+        plot(steps, args.plot, title)
 
 
 if __name__ == "__main__":

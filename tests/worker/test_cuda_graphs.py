@@ -128,10 +128,10 @@ def test_cuda_graph_replays_give_the_eager_tokens(num_prompts):
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.usefixtures("exact_float32_products")
-def test_cuda_default_overlaps_decodes_with_the_synchronous_tokens():
-    """On CUDA async scheduling is on by default: each batch's decodes go on in the next
-    batch before their tokens reach the host. Greedy tokens (stops by length and by stop
-    token included) equal the synchronous engine's, both replaying graphs."""
+def test_overlapped_decodes_on_cuda_give_the_synchronous_tokens():
+    """With async scheduling each batch's decodes go on in the next batch before their
+    tokens reach the host. Greedy tokens (stops by length and by stop token included) equal
+    the synchronous engine's, both replaying graphs."""
     model = str(cached_tiny_model("LlamaForCausalLM"))
     prompts = [[3 + i, 40 + 7 * i, 9][: 1 + i % 3] + [17] * (i * 5) for i in range(12)]
     options = dict(model=model, attention_backend="triton", num_kv_blocks=128, dtype="float32")
@@ -141,21 +141,10 @@ def test_cuda_default_overlaps_decodes_with_the_synchronous_tokens():
         SamplingParams(max_tokens=20, temperature=0.0, stop_token_ids=[t[2]]) for t in expected
     ]
     expected_stops = synchronous.generate([{"prompt_token_ids": p} for p in prompts], stops)
-    overlapping = LLM(**options, device="cuda")
+    overlapping = LLM(**options, device="cuda", async_scheduling=True)
     assert overlapping.llm_engine.engine_core.scheduler.overlaps_decodes
     assert _greedy_tokens(overlapping, prompts) == expected
     outputs = overlapping.generate([{"prompt_token_ids": p} for p in prompts], stops)
     assert [o.outputs[0].token_ids for o in outputs] == [
         o.outputs[0].token_ids for o in expected_stops
     ]
-
-
-@pytest.mark.parametrize(
-    "device, setting, expected",
-    [("cpu", None, False), ("cuda", None, True), ("cuda", False, False), ("cpu", True, True)],
-)
-def test_async_scheduling_defaults_on_for_cuda_only(device, setting, expected):
-    from vlite.core.config import VliteConfig
-
-    config = VliteConfig(device=device, async_scheduling=setting)
-    assert config.resolved_async_scheduling is expected

@@ -109,12 +109,13 @@ class VliteConfig(BaseSettings):
         "VLITE_PP_LAYER_PARTITION=[5,5,4]). Default: equal runs, the first stages taking one "
         "more when the stages do not divide the layers.",
     )
-    async_scheduling: bool | None = Field(
-        None,
+    async_scheduling: bool = Field(
+        False,
         description="Schedule the next batch while one runs (two batches in flight on one "
         "pipeline stage, the running decodes going on in both; a pipeline keeps one per "
-        "stage anyway). Pays off where the workers run apart from the engine (a GPU, or "
-        "executor 'multiproc' or 'ray'). Default: on for CUDA, off on CPU.",
+        "stage anyway). Pays off only where the workers run apart from the engine "
+        "(executor 'multiproc' or 'ray'); with 'uniproc' its worker thread contends with the "
+        "engine for the GIL (slower on CPU and on an H100).",
     )
     enforce_eager: bool = Field(
         False,
@@ -216,13 +217,6 @@ class VliteConfig(BaseSettings):
         if self.max_num_batched_tokens is not None:
             return self.max_num_batched_tokens
         return max(_DEFAULT_MAX_NUM_BATCHED_TOKENS, max_model_len)
-
-    @property
-    def resolved_async_scheduling(self) -> bool:
-        """``async_scheduling``, or by default whether the engine runs on CUDA."""
-        if self.async_scheduling is not None:
-            return self.async_scheduling
-        return self.torch_device.type == "cuda"
 
     @property
     def resolved_max_cudagraph_capture_size(self) -> int:

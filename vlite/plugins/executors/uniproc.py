@@ -33,7 +33,7 @@ class UniprocExecutor(Executor):
         self.attention_backend_name = self.worker.attention_backend_name
         self.worker_memory = (self.worker.memory_report(),)
         self._thread: ThreadPoolExecutor | None = None
-        if config.resolved_async_scheduling:
+        if config.async_scheduling:
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="vlite-uniproc-worker")
 
     def initialize_kv_cache(self) -> int:
