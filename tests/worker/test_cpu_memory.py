@@ -1,13 +1,17 @@
-"""reuse_freed_memory: large tensors come from the allocator's heap, not fresh mappings."""
+"""reuse_freed_memory: large tensors come from the allocator's heap, not fresh mappings;
+lazily_zeroed: a KV cache resident only where written."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
+import torch
 
 from vlite.worker import cpu_memory
+from vlite.worker.cpu_memory import lazily_zeroed
 
 # Prints whether a 64 MiB tensor lies in the process's [heap] (glibc's brk heap, whose
 # freed memory is reused) or in a mapping of its own (unmapped on free, faulted in afresh
@@ -40,3 +44,23 @@ def _in_heap(mode: str) -> bool:
 def test_large_tensors_come_from_the_heap_once_set():
     assert not _in_heap("default")  # glibc maps allocations this large on their own
     assert _in_heap("reuse")
+
+
+def _resident_mib() -> float:
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads Linux's VmRSS")
+def test_a_lazily_zeroed_tensor_is_resident_only_where_written():
+    before = _resident_mib()
+    cache = lazily_zeroed((2, 2048, 16, 8, 64), torch.bfloat16)  # 64 MiB
+    assert cache.shape == (2, 2048, 16, 8, 64) and cache.dtype == torch.bfloat16
+    assert not cache.any()  # reading maps the shared zero page, not new memory
+    assert _resident_mib() - before < 16
+    cache[:, :100] = 1.5  # 100 of 2048 blocks: about 3 MiB
+    assert _resident_mib() - before < 16
+    assert cache[1, 99].float().mean().item() == 1.5 and not cache[:, 100:].any()
+    cache[:] = 2.0
+    assert _resident_mib() - before > 48

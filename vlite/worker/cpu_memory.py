@@ -20,7 +20,12 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import math
+import mmap
 import os
+import warnings
+
+import torch
 
 #: glibc's ``mallopt`` parameter numbers (malloc.h).
 _M_TRIM_THRESHOLD = -1
@@ -52,3 +57,22 @@ def reuse_freed_memory() -> bool:
     kept = libc.mallopt(_M_TRIM_THRESHOLD, KEPT_FREE_BYTES)
     heap_only = libc.mallopt(_M_MMAP_MAX, 0)
     return bool(kept and heap_only)
+
+
+def lazily_zeroed(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A CPU tensor of zeros in its own anonymous memory mapping.
+
+    The OS hands out a mapping's pages, zeroed, when they are first touched, so a KV
+    cache allocated this way is resident only as far as its blocks have been written: the
+    2 GiB that ``LLM()`` reserves by default cost the memory of the blocks in use (a
+    ``torch.zeros`` of it writes every page at once). The tensor keeps the mapping alive.
+    """
+    numel = math.prod(shape)
+    nbytes = numel * dtype.itemsize
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    with warnings.catch_warnings():  # "the buffer is not writable": it is (a private map)
+        warnings.simplefilter("ignore", UserWarning)
+        flat = torch.frombuffer(mapping, dtype=torch.uint8)
+    return flat.view(dtype).view(shape)

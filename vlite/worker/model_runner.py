@@ -8,6 +8,7 @@ from vlite.core.logits_processor import AddedRequest
 from vlite.core.outputs import GrammarBitmask, ModelRunnerOutput, NewRequestData, SchedulerOutput
 from vlite.core.sampler import Sampler
 from vlite.distributed.pipeline import SINGLE_STAGE, PipelineParallelGroup
+from vlite.worker.cpu_memory import lazily_zeroed
 from vlite.worker.cuda_graphs import (
     CaptureReport,
     DecodeGraphs,
@@ -60,6 +61,9 @@ class ModelRunner:
 
     def initialize_kv_cache(self, num_blocks: int, dtype: torch.dtype) -> None:
         shape = self.model.attention.kv_cache_shape(num_blocks)
+        if self.device.type == "cpu":  # resident as its blocks are first written
+            self.kv_caches = [lazily_zeroed(shape, dtype) for _ in range(self.model.num_layers)]
+            return
         self.kv_caches = [
             torch.zeros(shape, dtype=dtype, device=self.device)
             for _ in range(self.model.num_layers)
