@@ -1,0 +1,46 @@
+"""prepare_inputs: a step's tokens laid end to end, with positions, cache slots, block tables
+and the rows that sample."""
+
+from __future__ import annotations
+
+import torch
+
+from vlite.core.sampling_params import SamplingParams
+from vlite.worker.input_batch import CachedRequestState, prepare_inputs
+
+
+def state(request_id: str, num_tokens: int, blocks: list[int], computed: int) -> CachedRequestState:
+    return CachedRequestState(
+        request_id=request_id,
+        token_ids=list(range(100, 100 + num_tokens)),
+        sampling_params=SamplingParams(),
+        block_ids=blocks,
+        num_computed_tokens=computed,
+        num_prompt_tokens=num_tokens,
+    )
+
+
+def test_a_mixed_step_lays_tokens_end_to_end():
+    # a: a 5-token prompt chunk of a 9-token prompt (no sample); b: one decode after 17
+    # cached tokens, crossing into its second block; c: a whole 3-token prompt.
+    states = [state("a", 9, [7], 0), state("b", 18, [3, 9], 17), state("c", 3, [4], 0)]
+    inputs = prepare_inputs(states, [5, 1, 3], block_size=16, device=torch.device("cpu"))
+    assert inputs.input_ids.tolist() == [100, 101, 102, 103, 104, 117, 100, 101, 102]
+    assert inputs.positions.tolist() == [0, 1, 2, 3, 4, 17, 0, 1, 2]
+    metadata = inputs.attn_metadata
+    assert metadata.slot_mapping.tolist() == [112, 113, 114, 115, 116, 9 * 16 + 1, 64, 65, 66]
+    assert metadata.query_start_loc.tolist() == [0, 5, 6, 9]
+    assert metadata.seq_lens.tolist() == [5, 18, 3]
+    assert metadata.block_tables.tolist() == [[7, 0], [3, 9], [4, 0]]
+    assert (metadata.max_query_len, metadata.max_seq_len) == (5, 18)
+    assert (metadata.query_lens_cpu, metadata.seq_lens_cpu) == ([5, 1, 3], [5, 18, 3])
+    # Only sequences reaching the end of their known tokens sample: b and c.
+    assert inputs.logits_indices.tolist() == [5, 8]
+    assert inputs.sampled_request_ids == ["b", "c"]
+    assert metadata.use_long_rope is None
+
+
+def test_long_rope_flags_are_per_token():
+    states = [state("a", 2, [1], 0), state("b", 5, [2], 4)]
+    inputs = prepare_inputs(states, [2, 1], 16, torch.device("cpu"), long_rope=[False, True])
+    assert inputs.attn_metadata.use_long_rope.tolist() == [False, False, True]
