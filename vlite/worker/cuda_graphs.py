@@ -21,9 +21,11 @@ keys and values.
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -118,6 +120,15 @@ class DecodeInputBuffers:
             self.seq_lens[n:size].fill_(1)
 
 
+class GraphCapturer(Protocol):
+    """Turns a callable into ``(replay, output)``: ``replay()`` redoes the callable's work,
+    rewriting ``output``, over the same inputs."""
+
+    def capture(
+        self, fn: Callable[[], torch.Tensor]
+    ) -> tuple[Callable[[], None], torch.Tensor]: ...
+
+
 class CudaGraphCapturer:
     """Captures callables into ``torch.cuda.CUDAGraph`` objects sharing one memory pool
     (replays never overlap, so the graphs' intermediate tensors may share memory)."""
@@ -157,9 +168,8 @@ class DecodeGraphs:
         forward: the model's forward (:data:`DecodeForward`).
         buffers: the persistent inputs every graph reads.
         max_seq_len: the longest context any replayed step may have (the model's).
-        capturer: turns a callable into ``(replay, output)``; :class:`CudaGraphCapturer` on
-            CUDA (a test may pass one that reruns the callable, to check the buffers'
-            discipline on a CPU).
+        capturer: a :class:`GraphCapturer`; :class:`CudaGraphCapturer` on CUDA (a test may
+            pass one that reruns the callable, to check the buffers' discipline on a CPU).
     """
 
     def __init__(
@@ -167,17 +177,15 @@ class DecodeGraphs:
         forward: DecodeForward,
         buffers: DecodeInputBuffers,
         max_seq_len: int,
-        capturer,
+        capturer: GraphCapturer,
     ) -> None:
         self.forward = forward
         self.buffers = buffers
         self.max_seq_len = max_seq_len
         self.capturer = capturer
         self._graphs: dict[int, tuple[Callable[[], None], torch.Tensor]] = {}
-
-    @property
-    def sizes(self) -> tuple[int, ...]:
-        return tuple(sorted(self._graphs))
+        #: The captured sizes, ascending.
+        self.sizes: tuple[int, ...] = ()
 
     def capture(self, sizes: tuple[int, ...]) -> CaptureReport:
         """Capture one graph per size, largest first (later graphs reuse its pool memory);
@@ -186,30 +194,29 @@ class DecodeGraphs:
         start = time.perf_counter()
         before = _reserved_bytes(device)
         for size in sorted(sizes, reverse=True):
-            self._graphs[size] = self.capturer.capture(self._forward_fn(size, warm_up=True))
+            self._graphs[size] = self.capturer.capture(self._warmed_up_forward(size))
+        self.sizes = tuple(sorted(self._graphs))
         _synchronize(device)
         return CaptureReport(
             self.sizes, time.perf_counter() - start, _reserved_bytes(device) - before
         )
 
-    def _forward_fn(self, size: int, warm_up: bool) -> Callable[[], torch.Tensor]:
+    def _warmed_up_forward(self, size: int) -> Callable[[], torch.Tensor]:
+        """The forward over the buffers' first ``size`` rows, run once already."""
         buffers = self.buffers
         metadata = buffers.metadata(size, self.max_seq_len)
 
         def run() -> torch.Tensor:
             return self.forward(buffers.input_ids[:size], buffers.positions[:size], metadata)
 
-        if warm_up:
-            run()
-            _synchronize(buffers.input_ids.device)
+        run()
+        _synchronize(buffers.input_ids.device)
         return run
 
     def padded_size(self, num_seqs: int) -> int | None:
         """The captured size a decode batch of ``num_seqs`` replays (``None``: none fits)."""
-        for size in self.sizes:
-            if size >= num_seqs:
-                return size
-        return None
+        index = bisect.bisect_left(self.sizes, num_seqs)
+        return self.sizes[index] if index < len(self.sizes) else None
 
     def replay(
         self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata

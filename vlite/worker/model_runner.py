@@ -13,6 +13,7 @@ from vlite.worker.cuda_graphs import (
     CaptureReport,
     DecodeGraphs,
     DecodeInputBuffers,
+    GraphCapturer,
     capture_sizes,
 )
 from vlite.worker.grammar_mask import apply_grammar_bitmask
@@ -70,14 +71,16 @@ class ModelRunner:
         ]
 
     @torch.inference_mode()
-    def capture_decode_graphs(self, largest: int, max_seq_len: int, capturer) -> CaptureReport:
+    def capture_decode_graphs(
+        self, largest: int, max_seq_len: int, capturer: GraphCapturer
+    ) -> CaptureReport:
         """Capture the decode forward for every size of ``capture_sizes(largest)`` over
         the allocated KV cache; later decode steps of at most ``largest`` sequences replay.
 
         Args:
             largest: the largest decode batch captured.
             max_seq_len: the longest context a replayed step may have.
-            capturer: see :class:`~vlite.worker.cuda_graphs.DecodeGraphs`.
+            capturer: how graphs are made (:class:`~vlite.worker.cuda_graphs.GraphCapturer`).
         """
         max_blocks = -(-max_seq_len // self.block_size)
         buffers = DecodeInputBuffers(largest, max_blocks, self.device)
@@ -192,7 +195,9 @@ class ModelRunner:
         args = (inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata)
         if self.pipeline.num_stages == 1:
             if self.decode_graphs is not None:
-                hidden = self.decode_graphs.replay(*args[:2], inputs.attn_metadata)
+                hidden = self.decode_graphs.replay(
+                    inputs.input_ids, inputs.positions, inputs.attn_metadata
+                )
                 if hidden is not None:
                     return hidden
             return self.model.forward(*args)

@@ -16,6 +16,7 @@ import torch
 from vlite.core.attention import AttentionBackend
 from vlite.testing.attention_cases import (
     AttentionShape,
+    StepResult,
     boundary_batch,
     decode_batch,
     random_batch,
@@ -125,10 +126,17 @@ class AttentionBackendConformance(PluginConformance):
         sliding_window: int | None = None,
         soft_cap: float | None = None,
     ) -> None:
-        atol, rtol = self.tolerances[dtype]
         results = run_case(
             backend, shape, batch, dtype, seed, self.device, sliding_window, soft_cap
         )
+        self.check_results(results, shape, dtype)
+
+    def check_results(
+        self, results: list[StepResult], shape: AttentionShape, dtype: torch.dtype
+    ) -> None:
+        """Each step's output has the reference's shape and ``dtype`` and is within the
+        dtype's tolerance of it."""
+        atol, rtol = self.tolerances[dtype]
         for result in results:
             assert result.output.shape == result.expected.shape, (
                 f"{result.step} step: output shape {tuple(result.output.shape)}, "
@@ -234,15 +242,8 @@ class AttentionBackendConformance(PluginConformance):
         backend = self.make_backend(plugin_cls, shape)
         bs = shape.block_size
         steps = [[5, 3 * bs + 2, bs + 1], [bs], [2, 4 * bs + 1, bs, 9]]
-        atol, rtol = self.tolerances[torch.float32]
-        for result in run_replay_case(backend, shape, steps, capacity=4, device=self.device):
-            torch.testing.assert_close(
-                result.output.double(),
-                result.expected,
-                atol=atol,
-                rtol=rtol,
-                msg=lambda m, r=result: f"{shape}, replayed decodes {r.batch}: {m}",
-            )
+        results = run_replay_case(backend, shape, steps, capacity=4, device=self.device)
+        self.check_results(results, shape, torch.float32)
 
     # ---- end to end --------------------------------------------------------------------
 
