@@ -122,3 +122,25 @@ def test_a_partial_factor_leaving_an_odd_or_empty_rotation_is_refused():
         config = _config(rope_parameters={"rope_theta": 1e4, "partial_rotary_factor": factor})
         with pytest.raises(ValueError, match="even, non-zero"):
             RotaryEmbedding.from_config(config, 6 if factor == 0.5 else 16)
+
+
+def test_limiting_positions_keeps_the_rows_a_context_reaches():
+    rotary = RotaryEmbedding.from_config(_config(rope_parameters={"rope_theta": 1e4}), 32)
+    full_cos, full_sin = rotary.cos_cache.clone(), rotary.sin_cache.clone()
+    rotary.limit_positions(100)
+    assert rotary.cos_cache.shape == (100, 16)
+    assert torch.equal(rotary.cos_cache, full_cos[:100])
+    assert torch.equal(rotary.sin_cache, full_sin[:100])
+    rotary.limit_positions(4096)  # more than the table has: unchanged
+    assert rotary.cos_cache.shape == (100, 16)
+
+
+def test_the_engine_holds_rotary_rows_for_its_context_only(tmp_path):
+    from vlite import LLM
+    from vlite.testing.tiny_models import make_tiny_model
+
+    folder = make_tiny_model(tmp_path, "LlamaForCausalLM")  # 512 positions
+    llm = LLM(model=str(folder), max_model_len=96, num_kv_blocks=8)
+    model = llm.llm_engine.engine_core.executor.worker.runner.model
+    tables = [m.cos_cache.shape[0] for m in model.modules() if isinstance(m, RotaryEmbedding)]
+    assert tables == [96]

@@ -211,6 +211,18 @@ class RotaryEmbedding(nn.Module):
         )
         return torch.cat((short[0], long[0])), torch.cat((short[1], long[1]))
 
+    def limit_positions(self, num_positions: int) -> None:
+        """Keep the tables' rows for positions ``0 .. num_positions - 1`` only (the engine's
+        ``max_model_len``; the tables are built for ``max_position_embeddings``, e.g. 16 MiB
+        each for Gemma 3's 32,768 positions of 128 frequencies). LongRoPE keeps its short
+        table whole and cuts the long one."""
+        rows = num_positions
+        if self.longrope is not None:
+            rows += self.longrope.original_max_position_embeddings
+        if rows < self.cos_cache.shape[0]:
+            self.cos_cache = self.cos_cache[:rows].clone()
+            self.sin_cache = self.sin_cache[:rows].clone()
+
     @property
     def long_rope_threshold(self) -> int | None:
         """LongRoPE: a sequence of more known tokens than this is rotated with the long
@@ -325,3 +337,11 @@ class StepRotation:
             rows, num_heads, self.head_dim, self.table_rows, self.cos_table, self.sin_table
         )
         return True
+
+
+def limit_rotary_positions(model: nn.Module, num_positions: int) -> None:
+    """Cut every :class:`RotaryEmbedding` of ``model`` to ``num_positions`` positions (see
+    :meth:`RotaryEmbedding.limit_positions`)."""
+    for module in model.modules():
+        if isinstance(module, RotaryEmbedding):
+            module.limit_positions(num_positions)

@@ -17,6 +17,7 @@ from vlite.core.weight_format import registered_weight_formats
 from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vlite.distributed.pipeline import SINGLE_STAGE, PipelineParallelGroup
 from vlite.models.loader import build_model
+from vlite.models.rope import limit_rotary_positions
 from vlite.models.spec import ModelSpec
 from vlite.worker.cpu_memory import reuse_freed_memory
 from vlite.worker.cpu_threads import (
@@ -113,6 +114,7 @@ class Worker:
             tp_group=self.tp_group,
             pp_group=self.pp_group,
         )
+        limit_rotary_positions(model, spec.max_model_len)
         sampler = self.registry.get("sampler", self.config.sampler)()
         self.model_runner = ModelRunner(
             model, sampler, self.config.block_size, self.device, self._logits_processors()
