@@ -56,6 +56,18 @@ def test_silu_mul_matches_the_swiglu_formula():
     torch.testing.assert_close(fused_ops().silu_mul(gate_up), expected, rtol=1e-6, atol=1e-6)
 
 
+def test_silu_mul_at_the_exponentials_limits():
+    # e^-g overflows past g = -88.72 (silu is -0 there) and vanishes past g = 87: the vector
+    # path's polynomial must give what expf gives, zeros and signs included.
+    gate = torch.tensor([0.0, -0.0, 88.7, -88.7, 200.0, -200.0, 1e-30, -1e-30])
+    gate = torch.cat([gate, torch.tensor([87.5, -87.5, 88.73, -88.73, 50.0, -50.0, 10.0, -10.0])])
+    gate_up = torch.cat([gate, torch.full_like(gate, 3.0)])[None]
+    expected = torch.nn.functional.silu(gate) * 3.0
+    got = fused_ops().silu_mul(gate_up)[0]
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=0)
+    assert torch.equal(torch.signbit(got), torch.signbit(expected))
+
+
 def test_silu_mul_refuses_a_gate_up_it_cannot_split():
     with pytest.raises(ValueError, match=r"\[T, 2 \* I\]"):
         fused_ops().silu_mul(torch.randn(3, 7))
