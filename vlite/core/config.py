@@ -119,9 +119,10 @@ class VliteConfig(BaseSettings):
     )
     enforce_eager: bool = Field(
         False,
-        description="On CUDA, run every step eagerly: capture no CUDA graphs of decode steps "
-        "(they are captured by default, for attention backends that support them, with one "
-        "worker per stage).",
+        description="Run every step eagerly: capture no CUDA graphs of decode steps on CUDA, "
+        "record no C calls of decode steps on the CPU (both are done by default where the "
+        "model allows, with one worker per stage; the CPU's for GGUF models computed in the "
+        "C kernels).",
     )
     max_cudagraph_capture_size: int | None = Field(
         None,

@@ -2,8 +2,8 @@
  * Fused elementwise steps of a decoder layer on float32 CPU tensors, one call each where
  * PyTorch takes several small ops (each op costs microseconds of dispatch at decode sizes).
  * Compiled with -ffp-contract=off: every product and sum is rounded as written, in the
- * order PyTorch's reference formulas use. SwiGLU's e^-g is a polynomial with AVX2 (within
- * 1e-7 relative of expf).
+ * order PyTorch's reference formulas use. SwiGLU's e^-g is a polynomial with AVX2
+ * (vec_exp.h: within 1e-7 relative of expf).
  */
 #include <math.h>
 #include <stdint.h>
@@ -55,35 +55,7 @@ void vl_rope(float *x, int64_t T, int64_t row_stride, int64_t num_heads, int64_t
  * SwiGLU's activation: out[t, i] = silu(gate) * up with gate = x[t, i] and
  * up = x[t, width + i] (x[T, 2 * width], the fused gate/up product), silu(g) = g / (1 + e^-g).
  */
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-
-/* e^x for 8 floats: 2^n p(r), x = n ln2 + r, p the degree-7 Taylor polynomial (within 1e-7
- * relative of expf); below -87 it is e^-87 (1 + e^x rounds to 1 there either way), above
- * expf's largest finite result it is infinity, as expf's. */
-static inline __m256 exp8(__m256 x) {
-    const __m256 overflow = _mm256_cmp_ps(x, _mm256_set1_ps(88.7228f), _CMP_GT_OQ);
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.7228f));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    /* 2^n as n + 127 in the exponent field, split in two factors so n = 128 stays finite. */
-    const __m256i half = _mm256_srai_epi32(_mm256_cvtps_epi32(n), 1);
-    const __m256i rest = _mm256_sub_epi32(_mm256_cvtps_epi32(n), half);
-    const __m256 a = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, _mm256_set1_epi32(127)), 23));
-    const __m256 b = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(rest, _mm256_set1_epi32(127)), 23));
-    return _mm256_blendv_ps(_mm256_mul_ps(_mm256_mul_ps(p, a), b), _mm256_set1_ps(INFINITY), overflow);
-}
-#endif
+#include "vec_exp.h"
 
 void vl_silu_mul(const float *x, int64_t T, int64_t width, float *out) {
     for (int64_t t = 0; t < T; t++) {
@@ -95,7 +67,7 @@ void vl_silu_mul(const float *x, int64_t T, int64_t width, float *out) {
         const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
         for (; i + 8 <= width; i += 8) {
             const __m256 g = _mm256_loadu_ps(gate + i);
-            const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, g))));
+            const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(one, vl_exp8(_mm256_sub_ps(zero, g))));
             _mm256_storeu_ps(o + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
         }
 #endif

@@ -477,12 +477,16 @@ void vl_dequantize(int qtype, const uint8_t *w, int64_t N, int64_t K, float *out
     for (int64_t n = 0; n < N; n++) decode_row(t, w + n * row_bytes, K, out + n * K);
 }
 
-/* out[t, :] = row ids[t] of the matrix (an embedding lookup). */
-void vl_gather_rows(int qtype, const uint8_t *w, int64_t K, const int64_t *ids, int64_t T,
-                    float *out) {
+/* out[t, :] = row ids[t] of the N x K matrix (an embedding lookup); returns -1, having
+ * written nothing, when an id is outside 0..N-1. */
+int vl_gather_rows(int qtype, const uint8_t *w, int64_t N, int64_t K, const int64_t *ids,
+                   int64_t T, float *out) {
     const struct block_type *t = &TYPES[qtype];
     const int64_t row_bytes = K / t->values * t->bytes;
+    for (int64_t i = 0; i < T; i++)
+        if (ids[i] < 0 || ids[i] >= N) return -1;
     for (int64_t i = 0; i < T; i++) decode_row(t, w + ids[i] * row_bytes, K, out + i * K);
+    return 0;
 }
 
 /* ---- the generic product: decoded rows of W times rows of x ------------------------- */

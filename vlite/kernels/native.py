@@ -17,6 +17,7 @@ callers fall back to dequantized weights.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -25,7 +26,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,6 +87,68 @@ class NativeKernelsUnavailable(RuntimeError):
     """The C kernels cannot be built or loaded here (the message says why)."""
 
 
+class _ThreadCount:
+    """Stands for ``torch.get_num_threads()`` in a recorded call's arguments: read when the
+    call runs, and again at every replay (the thread count may change between steps)."""
+
+    def __repr__(self) -> str:
+        return "THREADS"
+
+
+#: Pass as a C function's thread-count argument (see :func:`recording`).
+THREADS = _ThreadCount()
+
+#: The calls being recorded (:func:`recording`), or ``None``.
+_recorded: list[RecordedCall] | None = None
+
+
+@dataclass(frozen=True)
+class RecordedCall:
+    """One C call of a recorded forward: ``function(*args)``, with :data:`THREADS` at
+    ``threads_at`` (``None``: no thread-count argument). A nonzero result is an error."""
+
+    function: Callable[..., int | None]
+    args: tuple
+    threads_at: int | None
+
+    def __call__(self, threads: int) -> None:
+        args = self.args
+        if self.threads_at is not None:
+            args = args[: self.threads_at] + (threads,) + args[self.threads_at + 1 :]
+        if self.function(*args):
+            raise RuntimeError(f"{self.function.__name__} failed on replay")
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[RecordedCall]]:
+    """Record every C call the kernels make inside the block (they still run), in order.
+
+    The list can be replayed (:class:`RecordedCall`) as long as every pointer it holds
+    stays valid: the caller keeps the tensors alive and rewrites inputs in place.
+    """
+    global _recorded
+    if _recorded is not None:
+        raise RuntimeError("the kernels are already being recorded")
+    _recorded = calls = []
+    try:
+        yield calls
+    finally:
+        _recorded = None
+
+
+def _call(function: Callable[..., int | None], *args) -> int | None:
+    """``function(*args)`` with :data:`THREADS` resolved, recorded when recording."""
+    try:
+        threads_at: int | None = args.index(THREADS)
+    except ValueError:
+        threads_at = None
+    if _recorded is not None:
+        _recorded.append(RecordedCall(function, args, threads_at))
+    if threads_at is not None:
+        args = args[:threads_at] + (torch.get_num_threads(),) + args[threads_at + 1 :]
+    return function(*args)
+
+
 def cache_dir() -> Path:
     root = os.environ.get("VLITE_CACHE_DIR")
     if root:
@@ -121,8 +184,9 @@ def build_library(source: Path = SOURCE, flags: tuple[str, ...] = FLAGS) -> Path
     with ``-march=...`` in place of ``-march=native``).
     """
     compiler = _compiler()
+    headers = b"".join(path.read_bytes() for path in sorted(source.parent.glob("*.h")))
     key = hashlib.sha256(
-        source.read_bytes() + " ".join(flags).encode() + _cpu_flags().encode()
+        source.read_bytes() + headers + " ".join(flags).encode() + _cpu_flags().encode()
     ).hexdigest()[:16]
     target = cache_dir() / f"{source.stem}-{key}.so"
     if target.exists():
@@ -159,8 +223,9 @@ class GGUFBlockKernels:
         ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
         lib.vl_matmul.argtypes = [i32, ptr, i64, i64, ptr, i64, ptr, i32]
         lib.vl_dequantize.argtypes = [i32, ptr, i64, i64, ptr, i32]
-        lib.vl_gather_rows.argtypes = [i32, ptr, i64, ptr, i64, ptr]
-        for function in (lib.vl_matmul, lib.vl_dequantize, lib.vl_gather_rows):
+        lib.vl_gather_rows.argtypes = [i32, ptr, i64, i64, ptr, i64, ptr]
+        lib.vl_gather_rows.restype = i32
+        for function in (lib.vl_matmul, lib.vl_dequantize):
             function.restype = None
         lib.vl_has_gemm.argtypes = [i32]
         lib.vl_has_gemm.restype = i32
@@ -204,8 +269,8 @@ class GGUFBlockKernels:
             if many_rows is not None and x.shape[0] >= GEMM_ROWS:
                 return many_rows(x)
             out = torch.empty(x.shape[0], out_features, dtype=torch.float32)
-            call(code, x.data_ptr(), x.shape[0], in_features, blocks.data_ptr(), out_features,
-                 out.data_ptr(), torch.get_num_threads())  # fmt: skip
+            _call(call, code, x.data_ptr(), x.shape[0], in_features, blocks.data_ptr(),
+                  out_features, out.data_ptr(), THREADS)  # fmt: skip
             return out
 
         return product
@@ -225,13 +290,14 @@ class GGUFBlockKernels:
             for start in range(0, out_features, panel_rows):
                 rows = min(panel_rows, out_features - start)
                 weights = panel[:rows]
-                self._lib.vl_dequantize(
+                _call(
+                    self._lib.vl_dequantize,
                     BLOCK_TYPES[qtype],
                     blocks[start].data_ptr(),
                     rows,
                     in_features,
                     weights.data_ptr(),
-                    torch.get_num_threads(),
+                    THREADS,
                 )
                 if rows == out_features:
                     torch.mm(x, weights.t(), out=out)
@@ -245,13 +311,14 @@ class GGUFBlockKernels:
         """The whole matrix ``[N, in_features]`` as float32."""
         _check_blocks(qtype, blocks, blocks.shape[0], in_features)
         out = torch.empty(blocks.shape[0], in_features, dtype=torch.float32)
-        self._lib.vl_dequantize(
+        _call(
+            self._lib.vl_dequantize,
             BLOCK_TYPES[qtype],
             blocks.data_ptr(),
             blocks.shape[0],
             in_features,
             out.data_ptr(),
-            torch.get_num_threads(),
+            THREADS,
         )
         return out
 
@@ -262,17 +329,19 @@ class GGUFBlockKernels:
         row_ids = row_ids.contiguous()
         _require(row_ids, dtype=torch.int64)
         _check_blocks(qtype, blocks, blocks.shape[0], in_features)
-        if row_ids.numel() and not 0 <= int(row_ids.min()) <= int(row_ids.max()) < len(blocks):
-            raise IndexError(f"row ids out of range for a matrix of {len(blocks)} rows")
         out = torch.empty(row_ids.numel(), in_features, dtype=torch.float32)
-        self._lib.vl_gather_rows(
+        status = _call(
+            self._lib.vl_gather_rows,
             BLOCK_TYPES[qtype],
             blocks.data_ptr(),
+            len(blocks),
             in_features,
             row_ids.data_ptr(),
             row_ids.numel(),
             out.data_ptr(),
         )
+        if status:  # checked in C, so a replayed lookup checks its ids too
+            raise IndexError(f"row ids out of range for a matrix of {len(blocks)} rows")
         return out
 
 
@@ -297,7 +366,8 @@ class FusedOps:
         """
         num_tokens, hidden = x.shape
         out = torch.empty_like(x)
-        self._lib.vl_add_rmsnorm(
+        _call(
+            self._lib.vl_add_rmsnorm,
             x.data_ptr(),
             None if residual is None else residual.data_ptr(),
             weight.data_ptr(),
@@ -316,7 +386,7 @@ class FusedOps:
             raise ValueError(f"expected a contiguous [T, 2 * I] tensor, got {list(gate_up.shape)}")
         num_tokens, width = gate_up.shape[0], gate_up.shape[1] // 2
         out = torch.empty(num_tokens, width, dtype=torch.float32)
-        self._lib.vl_silu_mul(gate_up.data_ptr(), num_tokens, width, out.data_ptr())
+        _call(self._lib.vl_silu_mul, gate_up.data_ptr(), num_tokens, width, out.data_ptr())
         return out
 
     def rope_(
@@ -331,7 +401,8 @@ class FusedOps:
         """Rotate, in place, the first ``num_heads`` heads of each row of ``rows`` ``[T, W]``
         (row stride ``rows.stride(0)``, unit stride within a row) by ``positions`` ``[T]``
         (int64), with ``[max_positions, head_dim // 2]`` float32 tables."""
-        self._lib.vl_rope(
+        _call(
+            self._lib.vl_rope,
             rows.data_ptr(),
             rows.shape[0],
             rows.stride(0),
@@ -404,7 +475,8 @@ class PagedAttentionKernel:
                 raise ValueError("paged attention needs unit stride within each head")
             out = torch.empty(num_tokens, num_heads, head_dim, dtype=torch.float32)
             keys = kv_cache.data_ptr()
-            status = call(
+            status = _call(
+                call,
                 query.data_ptr(), query.stride(0), query.stride(1),
                 key.data_ptr(), key.stride(0), key.stride(1),
                 value.data_ptr(), value.stride(0), value.stride(1),
@@ -413,7 +485,7 @@ class PagedAttentionKernel:
                 block_tables.data_ptr(), block_tables.stride(0),
                 seq_lens.data_ptr(), query_start_loc.data_ptr(), num_seqs,
                 num_heads, num_kv_heads, head_dim, kv_cache.shape[2],
-                scale, sliding_window or 0, out.data_ptr(), torch.get_num_threads(),
+                scale, sliding_window or 0, out.data_ptr(), THREADS,
             )  # fmt: skip
             if status != 0:
                 raise RuntimeError(

@@ -165,30 +165,7 @@ static inline __attribute__((always_inline)) void attend16(
     }
 }
 #elif defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-
-/* exp(x) for 8 floats, x <= 0: exp16's polynomial on 8 lanes; x below -87 gives 0. */
-static inline __m256 exp8(__m256 x) {
-    const __m256 floor_x = _mm256_set1_ps(-87.0f);
-    const __m256 tiny = _mm256_cmp_ps(x, floor_x, _CMP_LT_OQ);
-    x = _mm256_max_ps(x, floor_x);
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    /* 2^n: n in [-126, 0] here (x >= -87), so the exponent field n + 127 is valid. */
-    const __m256i bits = _mm256_slli_epi32(
-        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(bits)));
-}
+#include "vec_exp.h"
 
 static inline float sum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -258,7 +235,7 @@ static inline __attribute__((always_inline)) void attend8(
             const float correction = expf(running_max[h] - new_max);
             running_max[h] = new_max;
             const __m256 p =
-                _mm256_and_ps(valid, exp8(_mm256_sub_ps(scores, _mm256_set1_ps(new_max))));
+                _mm256_and_ps(valid, vl_exp8(_mm256_sub_ps(scores, _mm256_set1_ps(new_max))));
             running_sum[h] = running_sum[h] * correction + sum8(p);
             float weight[8];
             _mm256_storeu_ps(weight, p);
@@ -301,10 +278,11 @@ static inline float dot(const float *a, const float *b, int64_t n) {
     return sum;
 }
 
+/* A negative slot (a padding row of a replayed decode step) is not written. */
 static void write_rows(const float *src, int64_t tok_stride, int64_t head_stride,
                        const int64_t *slots, int64_t T, int64_t Hkv, int64_t D, float *cache) {
     for (int64_t t = 0; t < T; t++)
-        for (int64_t g = 0; g < Hkv; g++)
+        for (int64_t g = 0; g < Hkv && slots[t] >= 0; g++)
             memcpy(cache + (slots[t] * Hkv + g) * D, src + t * tok_stride + g * head_stride,
                    D * sizeof(float));
 }

@@ -151,11 +151,13 @@ class CaptureReport:
     sizes: tuple[int, ...]
     seconds: float
     memory_bytes: int
+    #: What was captured: ``"CUDA graphs"``, or ``"CPU step replay"`` (:mod:`.cpu_graphs`).
+    kind: str = "CUDA graphs"
 
     def describe(self) -> str:
         sizes = f"{self.sizes[0]}-{self.sizes[-1]}" if len(self.sizes) > 1 else str(self.sizes[0])
         return (
-            f"CUDA graphs: {len(self.sizes)} decode batch sizes ({sizes}) captured in "
+            f"{self.kind}: {len(self.sizes)} decode batch sizes ({sizes}) captured in "
             f"{self.seconds:.1f} s, {self.memory_bytes / (1 << 20):.0f} MiB "
             "(--enforce-eager turns them off)"
         )
@@ -189,7 +191,7 @@ class DecodeGraphs:
 
     def capture(self, sizes: tuple[int, ...]) -> CaptureReport:
         """Capture one graph per size, largest first (later graphs reuse its pool memory);
-        each is run once eagerly first, so kernels compile outside the capture."""
+        on CUDA each is run once eagerly first, so kernels compile outside the capture."""
         device = self.buffers.input_ids.device
         start = time.perf_counter()
         before = _reserved_bytes(device)
@@ -197,20 +199,26 @@ class DecodeGraphs:
             self._graphs[size] = self.capturer.capture(self._warmed_up_forward(size))
         self.sizes = tuple(sorted(self._graphs))
         _synchronize(device)
+        if device.type == "cuda":
+            return CaptureReport(
+                self.sizes, time.perf_counter() - start, _reserved_bytes(device) - before
+            )
+        retained = getattr(self.capturer, "retained_bytes", 0)
         return CaptureReport(
-            self.sizes, time.perf_counter() - start, _reserved_bytes(device) - before
+            self.sizes, time.perf_counter() - start, retained, kind="CPU step replay"
         )
 
     def _warmed_up_forward(self, size: int) -> Callable[[], torch.Tensor]:
-        """The forward over the buffers' first ``size`` rows, run once already."""
+        """The forward over the buffers' first ``size`` rows (run once already on CUDA)."""
         buffers = self.buffers
         metadata = buffers.metadata(size, self.max_seq_len)
 
         def run() -> torch.Tensor:
             return self.forward(buffers.input_ids[:size], buffers.positions[:size], metadata)
 
-        run()
-        _synchronize(buffers.input_ids.device)
+        if buffers.input_ids.device.type == "cuda":  # nothing to compile on the CPU
+            run()
+            _synchronize(buffers.input_ids.device)
         return run
 
     def padded_size(self, num_seqs: int) -> int | None:

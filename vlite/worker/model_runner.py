@@ -81,6 +81,10 @@ class ModelRunner:
             largest: the largest decode batch captured.
             max_seq_len: the longest context a replayed step may have.
             capturer: how graphs are made (:class:`~vlite.worker.cuda_graphs.GraphCapturer`).
+
+        Raises:
+            NotCapturable: the capturer cannot record this model's forward
+                (:class:`~vlite.worker.cpu_graphs.NativeCallCapturer`); nothing is replayed.
         """
         max_blocks = -(-max_seq_len // self.block_size)
         buffers = DecodeInputBuffers(largest, max_blocks, self.device)

@@ -19,6 +19,7 @@ from vlite.distributed.pipeline import SINGLE_STAGE, PipelineParallelGroup
 from vlite.models.loader import build_model
 from vlite.models.rope import limit_rotary_positions
 from vlite.models.spec import ModelSpec
+from vlite.worker.cpu_graphs import NativeCallCapturer, NotCapturable
 from vlite.worker.cpu_memory import reuse_freed_memory
 from vlite.worker.cpu_threads import (
     ThreadGovernor,
@@ -33,6 +34,9 @@ from vlite.worker.model_runner import ModelRunner
 _GIB = 1 << 30
 _DEFAULT_CPU_KV_CACHE_GIB = 2.0
 _CUDA_FREE_MEMORY_FRACTION = 0.9
+#: The largest CPU decode batch whose C calls are recorded and replayed (larger batches
+#: spend little of their step in Python, and each size is recorded on its own).
+CPU_REPLAY_MAX_SEQS = 16
 
 
 class Worker:
@@ -201,10 +205,15 @@ class Worker:
         return min(_DEFAULT_CPU_KV_CACHE_GIB * _GIB, available / 4)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
-        """Allocate the KV cache; then, on CUDA, capture the decode graphs (and print what
-        that cost, or why there are none)."""
+        """Allocate the KV cache; then capture the decode forward (CUDA graphs on CUDA, the
+        C calls on the CPU) and print what that cost, or why there is none."""
         self.runner.initialize_kv_cache(num_blocks, self.dtype)
-        if self.device.type != "cuda" or self.config.enforce_eager:
+        if self.config.enforce_eager:
+            return
+        if self.device.type == "cpu":
+            self._record_cpu_decode_steps()
+            return
+        if self.device.type != "cuda":
             return
         reason = self.cuda_graphs_unavailable_reason()
         if reason is not None:
@@ -216,6 +225,38 @@ class Worker:
             CudaGraphCapturer(),
         )
         print(self.cuda_graph_report.describe(), file=sys.stderr, flush=True)
+
+    def _record_cpu_decode_steps(self) -> None:
+        """Record the C calls of decode steps of up to :data:`CPU_REPLAY_MAX_SEQS` sequences
+        (padded to 1, 2, 4, 8, 16: a few rows more cost little in products that stream the
+        weights once), when the model's forward computes in the C kernels only (see
+        :mod:`vlite.worker.cpu_graphs`)."""
+        reason = self.cpu_replay_unavailable_reason()
+        if reason is None:
+            try:
+                report = self.runner.capture_decode_graphs(
+                    min(self.config.max_num_seqs, CPU_REPLAY_MAX_SEQS),
+                    self.model_spec.max_model_len,
+                    NativeCallCapturer(),
+                )
+            except NotCapturable as error:
+                self.runner.decode_graphs = None
+                reason = str(error)
+            else:
+                self.cuda_graph_report = report
+                print(report.describe(), file=sys.stderr, flush=True)
+                return
+        print(f"CPU step replay: off ({reason})", file=sys.stderr, flush=True)
+
+    def cpu_replay_unavailable_reason(self) -> str | None:
+        """Why this worker's CPU decode steps cannot be recorded (``None``: try)."""
+        if getattr(self.runner.model, "native_ops", None) is None:
+            return "the model does not compute with the C kernels"
+        if self.tp_group.is_parallel or self.pp_group.num_stages > 1:
+            return "not recorded with tensor or pipeline parallelism"
+        if self.runner.long_rope_threshold is not None:
+            return "a LongRoPE model rotates by the context's length, known only per step"
+        return None
 
     def cuda_graphs_unavailable_reason(self) -> str | None:
         """Why this worker's decode steps cannot be captured (``None``: they can)."""

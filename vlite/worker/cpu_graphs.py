@@ -1,0 +1,122 @@
+"""Decode steps replayed on the CPU: the C calls of a forward, recorded once per batch size.
+
+On the CPU a decode step of a small model spends as long in Python as in its kernels: a
+30-layer model makes about 270 C calls per token (products, norms, rotations, attention),
+and each comes through a few module calls, shape checks and tensor allocations. When every
+computing step of the forward is a C call of :mod:`vlite.kernels.native`, the forward is a
+fixed list of those calls over fixed buffers, like a CUDA graph's kernels: this module
+records it (:class:`NativeCallCapturer`, a :class:`~vlite.worker.cuda_graphs.GraphCapturer`)
+and replays it without the Python around it. :class:`~vlite.worker.cuda_graphs.DecodeGraphs`
+does the rest exactly as for CUDA graphs (persistent inputs rewritten in place, one
+recording per batch size, eager for everything else).
+
+A forward qualifies only if PyTorch computes nothing in it: while recording, a dispatch
+mode lets through views and allocations (cut from one arena all recordings share, as CUDA
+graphs share a pool) and refuses any other operation with :class:`NotCapturable`, which
+names it; the worker then runs that model eagerly and says why. Replays are the same C calls
+on the same memory, so their results are bit for bit the eager forward's. The thread count
+is read at every replay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from vlite.kernels import native
+
+#: Operations that allocate a new tensor: served from the capturer's arena while recording.
+_ALLOCATIONS = frozenset({"empty", "empty_like", "new_empty"})
+#: Alignment of each tensor in the arena (a cache line).
+_ALIGN = 64
+
+
+class NotCapturable(Exception):
+    """A forward computes outside the C kernels, so its C calls alone do not redo it."""
+
+
+class _RecordingGuard(TorchDispatchMode):
+    """Lets views and allocations through, refuses the rest (an operation that computes,
+    writes, or reads values on the host). Allocations are cut from ``arena`` (one after
+    another, from its start) when one is given and has room, else allocated and kept;
+    :attr:`used` counts the bytes either way."""
+
+    def __init__(self, arena: torch.Tensor | None) -> None:
+        super().__init__()
+        self.arena = arena
+        self.used = 0
+        #: Tensors allocated outside the arena (kept alive with the recording).
+        self.kept: list[torch.Tensor] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.overloadpacket.__name__
+        if func._schema.is_mutable:
+            raise NotCapturable(f"the forward writes a tensor with {func}")
+        if name in _ALLOCATIONS:
+            return self._allocate(func(*args, **kwargs))
+        result = func(*args, **kwargs)
+        if not _aliases_an_input(result, args):
+            raise NotCapturable(f"the forward computes {func} outside the C kernels")
+        return result
+
+    def _allocate(self, fresh: torch.Tensor) -> torch.Tensor:
+        """``fresh``'s shape and dtype, contiguous, in the arena when it has room."""
+        nbytes = fresh.numel() * fresh.element_size()
+        start, self.used = self.used, self.used + -(-nbytes // _ALIGN) * _ALIGN
+        if self.arena is None or self.used > self.arena.numel():
+            self.kept.append(fresh)
+            return fresh
+        piece = self.arena[start : start + nbytes].view(fresh.dtype)
+        return piece.view(fresh.shape)
+
+
+def _aliases_an_input(result: object, args: tuple) -> bool:
+    """Whether every tensor ``result`` holds is a view of a tensor among ``args``."""
+    outputs = result if isinstance(result, (tuple, list)) else (result,)
+    storages = {arg.untyped_storage().data_ptr() for arg in args if isinstance(arg, torch.Tensor)}
+    return all(
+        isinstance(out, torch.Tensor) and out.untyped_storage().data_ptr() in storages
+        for out in outputs
+    )
+
+
+class NativeCallCapturer:
+    """Records a callable's C calls; the replay reruns exactly those calls.
+
+    Satisfies :class:`~vlite.worker.cuda_graphs.GraphCapturer`. Every recording's
+    intermediate tensors share one arena (replays never overlap, as CUDA graphs share a
+    pool), sized by the first recording: record the largest batch first. A replay rewrites
+    the outputs of the others. :attr:`retained_bytes`: the memory the recordings keep.
+    """
+
+    def __init__(self) -> None:
+        self.arena: torch.Tensor | None = None
+        self._kept: list[list[torch.Tensor]] = []
+        self.retained_bytes = 0
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], None], torch.Tensor]:
+        """``(replay, output)``; raises :class:`NotCapturable` when ``fn`` computes outside
+        the C kernels (or makes no C call at all)."""
+        if self.arena is None:  # size the arena by a first, discarded recording
+            sizing = _RecordingGuard(None)
+            with native.recording(), sizing:
+                fn()
+            self.arena = torch.empty(sizing.used, dtype=torch.uint8)
+            self.retained_bytes += sizing.used
+        guard = _RecordingGuard(self.arena)
+        with native.recording() as calls, guard:
+            output = fn()
+        if not calls:
+            raise NotCapturable("the forward makes no C kernel call")
+        self._kept.append(guard.kept)
+        self.retained_bytes += sum(t.untyped_storage().nbytes() for t in guard.kept)
+
+        def replay() -> None:
+            threads = torch.get_num_threads()
+            for call in calls:
+                call(threads)
+
+        return replay, output
