@@ -73,7 +73,7 @@ def test_a_forward_pytorch_computes_in_runs_eagerly_and_says_why(
     monkeypatch.setattr(LlamaForCausalLM, "forward", forward_with_a_torch_op)
     llm = LLM(model=quantized_gguf, num_kv_blocks=32)
     err = capsys.readouterr().err
-    assert "CPU step replay: off (the forward computes aten.mul" in err
+    assert "CPU step replay: off (the forward computes torch's mul, outside the C" in err
     assert _worker(llm).runner.decode_graphs is None
     assert len(_greedy(llm, PROMPTS[:2])[0]) == 12
 
@@ -88,11 +88,17 @@ def test_a_float_model_is_not_recorded(tmp_path, capsys):
 
 
 def test_the_guard_refuses_computation_writes_and_forwards_without_c_calls():
-    x = torch.randn(4)
-    with pytest.raises(NotCapturable, match="computes aten.add"):
+    x, index = torch.randn(4), torch.tensor([1])
+    with pytest.raises(NotCapturable, match="computes torch's add"):
         NativeCallCapturer().capture(lambda: x + 1)
-    with pytest.raises(NotCapturable, match="writes a tensor with aten.add_"):
+    with pytest.raises(NotCapturable, match="computes torch's index_select"):
+        NativeCallCapturer().capture(lambda: x.index_select(0, index))
+    with pytest.raises(NotCapturable, match="computes torch's item"):
+        NativeCallCapturer().capture(lambda: torch.empty(1) if x[0].item() else None)
+    with pytest.raises(NotCapturable, match="writes a tensor in place with torch's add_"):
         NativeCallCapturer().capture(lambda: x.add_(1))
+    with pytest.raises(NotCapturable, match="in place with torch's __setitem__"):
+        NativeCallCapturer().capture(lambda: x.__setitem__(0, 1.0))
     with pytest.raises(NotCapturable, match="no C kernel call"):
         NativeCallCapturer().capture(lambda: torch.empty(3))
 

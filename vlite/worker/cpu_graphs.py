@@ -10,12 +10,12 @@ and replays it without the Python around it. :class:`~vlite.worker.cuda_graphs.D
 does the rest exactly as for CUDA graphs (persistent inputs rewritten in place, one
 recording per batch size, eager for everything else).
 
-A forward qualifies only if PyTorch computes nothing in it: while recording, a dispatch
-mode lets through views and allocations (cut from one arena all recordings share, as CUDA
-graphs share a pool) and refuses any other operation with :class:`NotCapturable`, which
-names it; the worker then runs that model eagerly and says why. Replays are the same C calls
-on the same memory, so their results are bit for bit the eager forward's. The thread count
-is read at every replay.
+A forward qualifies only if PyTorch computes nothing in it: while recording, a
+torch-function mode lets through views, metadata reads and allocations (cut from one arena
+all recordings share, as CUDA graphs share a pool) and refuses any other operation with
+:class:`NotCapturable`, which names it; the worker then runs that model eagerly and says
+why. Replays are the same C calls on the same memory, so their results are bit for bit the
+eager forward's. The thread count is read at every replay.
 """
 
 from __future__ import annotations
@@ -23,12 +23,17 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.overrides import TorchFunctionMode
 
 from vlite.kernels import native
 
-#: Operations that allocate a new tensor: served from the capturer's arena while recording.
+#: Functions that allocate a new tensor: served from the capturer's arena while recording.
 _ALLOCATIONS = frozenset({"empty", "empty_like", "new_empty"})
+#: Functions that only read a tensor's metadata (never its values).
+_METADATA = frozenset(
+    {"__get__", "data_ptr", "stride", "size", "dim", "numel", "element_size", "is_contiguous"}
+    | {"storage_offset", "__len__", "untyped_storage", "nbytes"}
+)
 #: Alignment of each tensor in the arena (a cache line).
 _ALIGN = 64
 
@@ -37,11 +42,15 @@ class NotCapturable(Exception):
     """A forward computes outside the C kernels, so its C calls alone do not redo it."""
 
 
-class _RecordingGuard(TorchDispatchMode):
-    """Lets views and allocations through, refuses the rest (an operation that computes,
-    writes, or reads values on the host). Allocations are cut from ``arena`` (one after
-    another, from its start) when one is given and has room, else allocated and kept;
-    :attr:`used` counts the bytes either way."""
+class _RecordingGuard(TorchFunctionMode):
+    """Lets views, metadata reads and allocations through, refuses the rest: an operation
+    that computes, writes, or reads values on the host. Allocations are cut from ``arena``
+    (one after another, from its start) when one is given and has room, else allocated and
+    kept; :attr:`used` counts the bytes either way.
+
+    A torch-function mode, not a dispatch mode: the first dispatch mode of a process imports
+    about 900 modules (sympy among them, some 145 MiB).
+    """
 
     def __init__(self, arena: torch.Tensor | None) -> None:
         super().__init__()
@@ -50,17 +59,17 @@ class _RecordingGuard(TorchDispatchMode):
         #: Tensors allocated outside the arena (kept alive with the recording).
         self.kept: list[torch.Tensor] = []
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        name = func.overloadpacket.__name__
-        if func._schema.is_mutable:
-            raise NotCapturable(f"the forward writes a tensor with {func}")
-        if name in _ALLOCATIONS:
-            return self._allocate(func(*args, **kwargs))
+        name = getattr(func, "__name__", str(func))
+        if _writes(name) or "out" in kwargs:
+            raise NotCapturable(f"the forward writes a tensor in place with torch's {name}")
         result = func(*args, **kwargs)
-        if not _aliases_an_input(result, args):
-            raise NotCapturable(f"the forward computes {func} outside the C kernels")
-        return result
+        if name in _ALLOCATIONS:
+            return self._allocate(result)
+        if name in _METADATA or _aliases_an_input(result, args):
+            return result
+        raise NotCapturable(f"the forward computes torch's {name}, outside the C kernels")
 
     def _allocate(self, fresh: torch.Tensor) -> torch.Tensor:
         """``fresh``'s shape and dtype, contiguous, in the arena when it has room."""
@@ -73,11 +82,19 @@ class _RecordingGuard(TorchDispatchMode):
         return piece.view(fresh.shape)
 
 
+def _writes(name: str) -> bool:
+    """Whether a tensor function of this name writes in place (``add_``, ``__iadd__``,
+    ``__setitem__``)."""
+    if name.startswith("__") and name.endswith("__"):
+        return name == "__setitem__" or name.startswith("__i") and name != "__index__"
+    return name.endswith("_")
+
+
 def _aliases_an_input(result: object, args: tuple) -> bool:
-    """Whether every tensor ``result`` holds is a view of a tensor among ``args``."""
+    """Whether ``result`` is a tensor (or tensors) viewing a tensor among ``args``."""
     outputs = result if isinstance(result, (tuple, list)) else (result,)
     storages = {arg.untyped_storage().data_ptr() for arg in args if isinstance(arg, torch.Tensor)}
-    return all(
+    return bool(outputs) and all(
         isinstance(out, torch.Tensor) and out.untyped_storage().data_ptr() in storages
         for out in outputs
     )
