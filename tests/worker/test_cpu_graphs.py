@@ -78,6 +78,14 @@ def test_a_forward_pytorch_computes_in_runs_eagerly_and_says_why(
     assert len(_greedy(llm, PROMPTS[:2])[0]) == 12
 
 
+def test_another_attention_backend_is_not_recorded(quantized_gguf, capsys):
+    # Its work may be invisible to the recording (the Triton interpreter computes in NumPy).
+    llm = LLM(model=quantized_gguf, num_kv_blocks=32, attention_backend="torch")
+    err = capsys.readouterr().err
+    assert "CPU step replay: off (attention backend 'torch' is not the C kernel 'cpu')" in err
+    assert _worker(llm).runner.decode_graphs is None
+
+
 def test_a_float_model_is_not_recorded(tmp_path, capsys):
     folder = make_tiny_model(tmp_path, "LlamaForCausalLM")
     llm = LLM(model=str(folder), num_kv_blocks=8)

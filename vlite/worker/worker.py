@@ -252,6 +252,10 @@ class Worker:
         """Why this worker's CPU decode steps cannot be recorded (``None``: try)."""
         if getattr(self.runner.model, "native_ops", None) is None:
             return "the model does not compute with the C kernels"
+        if self.attention_backend_name != "cpu":
+            # Only vlite's C calls are recorded: a backend computing otherwise (the Triton
+            # interpreter, NumPy) would be skipped on replay, unseen by the recording's guard.
+            return f"attention backend {self.attention_backend_name!r} is not the C kernel 'cpu'"
         if self.tp_group.is_parallel or self.pp_group.num_stages > 1:
             return "not recorded with tensor or pipeline parallelism"
         if self.runner.long_rope_threshold is not None:
