@@ -348,6 +348,16 @@ class GGUFBlockKernels:
 class FusedOps:
     """Fused elementwise steps on contiguous float32 CPU tensors (see ``fused_ops.c``)."""
 
+    #: RoPE turns whole heads only (a partial rotary model keeps PyTorch's ops).
+    rotates_partial_heads = False
+    #: ``add_rmsnorm`` takes ``[T, H]`` only.
+    norms_any_rank = False
+
+    @staticmethod
+    def handles(dtype: torch.dtype, device: torch.device) -> bool:
+        """Whether tensors of ``dtype`` on ``device`` run here (float32 on the CPU)."""
+        return dtype == torch.float32 and device.type == "cpu"
+
     def __init__(self, path: Path) -> None:
         lib = ctypes.CDLL(str(path))
         ptr, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float

@@ -270,8 +270,8 @@ class GemmaForCausalLM(LlamaForCausalLM):
         cap = self.final_logit_soft_cap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
-    def use_native_ops(self) -> None:
-        """Gemma keeps PyTorch's ops (its norms and GeGLU have no fused C kernels)."""
+    def use_fused_ops(self, ops: Any) -> None:
+        """Gemma keeps PyTorch's ops (its norms and GeGLU have no fused kernels)."""
 
 
 def _check_supported(config: Any) -> None:

@@ -77,8 +77,8 @@ class RMSNorm(nn.Module):
 
     Given a ``residual``, it first adds ``x`` to it (the decoder's skip connection) and
     returns the norm of the sum and the sum, as vLLM's fused add-norm does. With
-    :attr:`native` set (the quantized CPU path), float32 2-D inputs take one C call, which
-    updates ``residual`` in place.
+    :attr:`native` set (C kernels on the quantized CPU path, Triton ones on CUDA), inputs
+    it handles take one kernel, which updates ``residual`` in place.
     """
 
     def __init__(self, size: int, eps: float):
@@ -92,13 +92,22 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``[..., size]`` -> normed ``[..., size]`` in ``x.dtype`` (and the new residual)."""
-        if self.native is not None and x.dtype == torch.float32 and x.dim() == 2:
+        if self._runs_fused(x):
             out = self.native.add_rmsnorm(x.contiguous(), residual, self.weight, self.eps)
             return out if residual is None else (out, residual)
         if residual is not None:
             residual = x + residual
             return self._norm(residual), residual
         return self._norm(x)
+
+    def _runs_fused(self, x: torch.Tensor) -> bool:
+        native = self.native
+        return (
+            native is not None
+            and native.handles(x.dtype, x.device)
+            and self.weight.dtype == x.dtype
+            and (x.dim() == 2 or native.norms_any_rank)
+        )
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
@@ -233,7 +242,7 @@ class LlamaMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[T, hidden_size]`` -> ``[T, hidden_size]`` (this rank's share of the features)."""
         gate_up = self.gate_up_proj(x)
-        if self.native is not None and gate_up.dtype == torch.float32:
+        if self.native is not None and self.native.handles(gate_up.dtype, gate_up.device):
             return self.down_proj(self.native.silu_mul(gate_up))
         gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
@@ -591,12 +600,23 @@ class LlamaForCausalLM(nn.Module):
         HF's). Does nothing where the kernels cannot be built.
         """
         try:
-            self.native_ops = fused_ops()
+            ops = fused_ops()
         except NativeKernelsUnavailable:
             return
+        self.use_fused_ops(ops)
+
+    def use_fused_ops(self, ops: Any) -> None:
+        """Run the norms, RoPE and SwiGLU's activation through ``ops`` wherever it handles
+        the tensors' dtype and device (``ops.handles``), PyTorch's ops elsewhere.
+
+        ``ops`` has :class:`vlite.kernels.native.FusedOps`' interface: those C kernels (see
+        :meth:`use_native_ops`), or the Triton ones the worker gives a model on CUDA
+        (:mod:`vlite.models.layer_kernels`).
+        """
+        self.native_ops = ops
         for module in self.modules():
             if isinstance(module, (RMSNorm, LlamaMLP)):
-                module.native = self.native_ops
+                module.native = ops
 
     def _expected_shards(self) -> set[tuple[str, str | None]]:
         """Every ``(parameter name, shard)`` a complete checkpoint must provide."""

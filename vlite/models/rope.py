@@ -303,9 +303,8 @@ class StepRotation:
         rows = rope.cache_rows(positions, use_long_rope)
         is_native = (
             native is not None
-            and rope.rotary_dim == rope.head_dim  # the C kernel rotates whole heads
-            and dtype == torch.float32
-            and rows.device.type == "cpu"
+            and native.handles(dtype, rows.device)
+            and (rope.rotary_dim == rope.head_dim or native.rotates_partial_heads)
             and rope.cos_cache.dtype == torch.float32
         )
         self.native = native if is_native else None

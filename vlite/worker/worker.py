@@ -16,6 +16,7 @@ from vlite.core.plugins import PluginRegistry
 from vlite.core.weight_format import registered_weight_formats
 from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vlite.distributed.pipeline import SINGLE_STAGE, PipelineParallelGroup
+from vlite.models.layer_kernels import load_fused_ops
 from vlite.models.loader import build_model
 from vlite.models.rope import limit_rotary_positions
 from vlite.models.spec import ModelSpec
@@ -119,6 +120,8 @@ class Worker:
             pp_group=self.pp_group,
         )
         limit_rotary_positions(model, spec.max_model_len)
+        if self.device.type == "cuda" and hasattr(model, "use_fused_ops"):
+            model.use_fused_ops(load_fused_ops(self.device))  # one kernel per norm, RoPE, SwiGLU
         sampler = self.registry.get("sampler", self.config.sampler)()
         self.model_runner = ModelRunner(
             model, sampler, self.config.block_size, self.device, self._logits_processors()

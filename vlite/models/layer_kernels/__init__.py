@@ -1,0 +1,42 @@
+"""Triton versions of the layers' fused elementwise steps, for CUDA tensors.
+
+On a GPU a decode step of a small model is a few hundred kernels, most of them tiny: an
+RMSNorm written in PyTorch ops is nine (add, cast, square, mean, add, rsqrt, multiply, cast,
+multiply), RoPE seven, SwiGLU's activation two. :class:`TritonFusedOps` does each in one
+kernel, with the interface of the CPU's C kernels (:class:`vlite.kernels.native.FusedOps`),
+so the layers call either the same way (``module.native``). The results are PyTorch's:
+every intermediate is rounded to the tensors' dtype where PyTorch's ops round it.
+
+Importing this package imports neither ``triton`` nor the kernels: :func:`load_fused_ops`
+does, once per mode, through :func:`vlite.kernels.triton_loading.load_kernel_modules`
+(compiled for CUDA tensors, interpreted for CPU tensors, as the tests run them).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vlite.kernels.triton_loading import load_kernel_modules, runs_interpreted
+
+#: Loaded ops by "interpreted?".
+_loaded: dict[bool, object] = {}
+
+
+def load_fused_ops(device: torch.device | str):
+    """The :class:`~.fused_ops.TritonFusedOps` for tensors on ``device``: compiled on CUDA
+    (unless ``TRITON_INTERPRET=1`` is set), interpreted elsewhere; imported once per mode.
+
+    Raises:
+        ImportError: ``triton`` is not installed.
+    """
+    interpreted = runs_interpreted(device)
+    ops = _loaded.get(interpreted)
+    if ops is None:
+        (module,) = load_kernel_modules(
+            (f"{__name__}.fused_ops",),
+            interpreted,
+            user="the fused-layer-ops module",
+            alternative="run on CUDA",
+        )
+        ops = _loaded[interpreted] = module.TritonFusedOps(interpreted)
+    return ops
