@@ -27,12 +27,12 @@ import torch
 from vlite import LLM, SamplingParams
 from vlite.bench.workload import Arrival, random_token_ids, run_workload
 
-#: Engine settings per mode: graphs with async scheduling (decodes overlapping the next
-#: batch), graphs (the CUDA default), and neither (every step eager).
+#: Engine settings per mode: graphs with async scheduling (the next batch launched before
+#: this one's tokens reach the host), graphs alone, and neither (every step eager).
 MODES = {
     "graphs+async": {"async_scheduling": True},
-    "graphs": {},
-    "eager": {"enforce_eager": True},
+    "graphs": {"async_scheduling": False},
+    "eager": {"enforce_eager": True, "async_scheduling": False},
 }
 
 

@@ -9,8 +9,9 @@ wrapped around the engine's functions, no extra synchronisation):
   ``prepare_inputs``);
 - ``forward``: launching the model's forward (a CUDA graph's replay, or eager kernels), and
   the LM head;
-- ``sample``: the sampler and the copy of its tokens to the host (on a GPU this waits for
-  the device, so it holds whatever device time the launches did not hide);
+- ``sample``: building the sampling inputs and launching the sampler;
+- ``wait``: bringing the sampled tokens to the host (on a GPU this waits for the device,
+  so it holds whatever device time the host's work did not hide);
 - ``update``: ``update_from_output`` (stops, the KV cache's bookkeeping);
 - ``outputs``: the front end's output processing (detokenizing, ``RequestOutput`` objects);
 - ``other``: the rest of the step.
@@ -39,8 +40,12 @@ import torch
 import vlite.worker.model_runner as model_runner_module
 from vlite import LLM
 from vlite.bench.workload import Arrival, random_token_ids, run_workload
+from vlite.worker.sampled_tokens import SampledTokens
 
-STAGES = ("schedule", "prepare", "forward", "sample", "update", "outputs", "other")
+#: Kernels listed by ``--device-profile`` (by total time).
+TOP_KERNELS = 15
+
+STAGES = ("schedule", "prepare", "forward", "sample", "wait", "update", "outputs", "other")
 
 
 def parse_args() -> argparse.Namespace:
@@ -102,7 +107,8 @@ def instrument(llm: LLM, timer: StageTimer) -> None:
     model_runner_module.prepare_inputs = timer.wrap("prepare", model_runner_module.prepare_inputs)
     runner._forward = timer.wrap("forward", runner._forward)
     runner.model.compute_logits = timer.wrap("forward", runner.model.compute_logits)
-    core.executor.sample_tokens = timer.wrap("sample", core.executor.sample_tokens)
+    runner.sample_tokens_deferred = timer.wrap("sample", runner.sample_tokens_deferred)
+    SampledTokens.result = timer.wrap("wait", SampledTokens.result)
     processor = engine.output_processor
     processor.process_outputs = timer.wrap("outputs", processor.process_outputs)
     step = engine.step
@@ -138,6 +144,15 @@ def device_profile(enabled: bool) -> Iterator[list[float]]:
     torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
     total.append(sum(e.device_time for e in kernels) / 1e6)
+    by_name: dict[str, list[float]] = defaultdict(list)
+    for event in kernels:
+        by_name[event.name].append(event.device_time)
+    top = sorted(by_name.items(), key=lambda item: -sum(item[1]))[:TOP_KERNELS]
+    for name, times in top:
+        print(
+            f"  {sum(times) / 1e3:9.1f} ms  {len(times):6d} x {statistics.mean(times):7.1f} us  "
+            f"{name[:90]}"
+        )
 
 
 def report(batch: int, timer: StageTimer, gaps: list[float], device_s: list[float]) -> None:

@@ -109,13 +109,14 @@ class VliteConfig(BaseSettings):
         "VLITE_PP_LAYER_PARTITION=[5,5,4]). Default: equal runs, the first stages taking one "
         "more when the stages do not divide the layers.",
     )
-    async_scheduling: bool = Field(
-        False,
+    async_scheduling: bool | None = Field(
+        None,
         description="Schedule the next batch while one runs (two batches in flight on one "
         "pipeline stage, the running decodes going on in both; a pipeline keeps one per "
-        "stage anyway). Pays off only where the workers run apart from the engine "
-        "(executor 'multiproc' or 'ray'); with 'uniproc' its worker thread contends with the "
-        "engine for the GIL (slower on CPU and on an H100).",
+        "stage anyway). With 'uniproc' on CUDA the next batch is launched before this one's "
+        "tokens reach the host (it reads them on the device), so the host's work overlaps "
+        "the GPU's; on the CPU, where a forward computes as it is called, it changes only "
+        "the order of the work. Default: on with 'uniproc' on CUDA, off otherwise.",
     )
     enforce_eager: bool = Field(
         False,
@@ -218,6 +219,13 @@ class VliteConfig(BaseSettings):
         if self.max_num_batched_tokens is not None:
             return self.max_num_batched_tokens
         return max(_DEFAULT_MAX_NUM_BATCHED_TOKENS, max_model_len)
+
+    @property
+    def resolved_async_scheduling(self) -> bool:
+        """``async_scheduling``, or its default: on with ``uniproc`` on CUDA."""
+        if self.async_scheduling is not None:
+            return self.async_scheduling
+        return self.executor == "uniproc" and self.torch_device.type == "cuda"
 
     @property
     def resolved_max_cudagraph_capture_size(self) -> int:

@@ -136,7 +136,7 @@ def batch_queue_depth(config: VliteConfig, executor: Executor) -> int:
     """How many batches the engine keeps in flight: one per pipeline stage, and two on a
     single stage with ``async_scheduling`` (the next batch is scheduled while one runs)."""
     depth = executor.max_concurrent_batches
-    if depth == 1 and config.async_scheduling:
+    if depth == 1 and config.resolved_async_scheduling:
         return 2
     return depth
 

@@ -22,6 +22,11 @@ class CachedRequestState:
     whose rows all lack it skips building their inputs with one check.
     ``uses_long_rope``: with LongRoPE, the request's cached keys were computed with the
     long factors (see :class:`~vlite.worker.model_runner.ModelRunner`).
+    ``reads_own_tokens``: sampling the request reads its tokens (penalties, ``min_tokens``,
+    bad words, a grammar, a plugin's ``extra_args``), so they must all be known first.
+    ``pending_token``: a token sampled but not yet appended to ``token_ids`` (async
+    scheduling, :mod:`vlite.worker.sampled_tokens`): the device tensor of its step's sampled
+    ids and its row there; the next step's input reads it from the device.
     """
 
     request_id: str
@@ -33,10 +38,17 @@ class CachedRequestState:
     generator: torch.Generator | None = None
     has_sampling_extras: bool = False
     uses_long_rope: bool = False
+    reads_own_tokens: bool = False
+    pending_token: tuple[torch.Tensor, int] | None = None
 
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def num_known_tokens(self) -> int:
+        """Tokens known so far, a pending one included."""
+        return len(self.token_ids) + (self.pending_token is not None)
 
 
 @dataclass
@@ -87,7 +99,8 @@ def prepare_inputs(
     )
     input_ids = _gather_input_ids(states, num_computed, query_lens)
 
-    is_sampled = seq_lens == np.fromiter((len(s.token_ids) for s in states), np.int64, len(states))
+    known = np.fromiter((s.num_known_tokens for s in states), np.int64, len(states))
+    is_sampled = seq_lens == known
     logits_indices = query_start_loc[1:][is_sampled] - 1
 
     def to_device(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
@@ -106,8 +119,10 @@ def prepare_inputs(
     if long_rope is not None:
         per_token = np.repeat(np.asarray(long_rope, dtype=np.bool_), query_lens)
         metadata.use_long_rope = to_device(per_token, torch.bool)
+    device_input_ids = to_device(input_ids, torch.int64)
+    _fill_pending_tokens(device_input_ids, states, query_start_loc, query_lens)
     return ModelInputs(
-        input_ids=to_device(input_ids, torch.int64),
+        input_ids=device_input_ids,
         positions=to_device(positions, torch.int64),
         attn_metadata=metadata,
         logits_indices=to_device(logits_indices, torch.int64),
@@ -129,8 +144,37 @@ def _block_table_array(
 def _gather_input_ids(
     states: list[CachedRequestState], num_computed: np.ndarray, query_lens: np.ndarray
 ) -> np.ndarray:
-    chunks = [
-        state.token_ids[start : start + length]
-        for state, start, length in zip(states, num_computed.tolist(), query_lens.tolist())
-    ]
-    return np.fromiter((t for chunk in chunks for t in chunk), np.int64, int(query_lens.sum()))
+    """The scheduled tokens end to end; a pending token (the last of its chunk, not yet on
+    the host) is left 0 here and filled on the device by :func:`_fill_pending_tokens`."""
+    input_ids = np.zeros(int(query_lens.sum()), dtype=np.int64)
+    offset = 0
+    for state, start, length in zip(states, num_computed.tolist(), query_lens.tolist()):
+        chunk = state.token_ids[start : start + length]
+        input_ids[offset : offset + len(chunk)] = chunk
+        offset += length
+    return input_ids
+
+
+def _fill_pending_tokens(
+    input_ids: torch.Tensor,
+    states: list[CachedRequestState],
+    query_start_loc: np.ndarray,
+    query_lens: np.ndarray,
+) -> None:
+    """Copy, on the device, each pending token scheduled this step from its step's sampled
+    ids into ``input_ids`` (the last position of its request's chunk)."""
+    rows_by_source: dict[int, tuple[torch.Tensor, list[int], list[int]]] = {}
+    for index, state in enumerate(states):
+        pending = state.pending_token
+        if pending is None or state.num_computed_tokens + int(query_lens[index]) <= len(
+            state.token_ids
+        ):
+            continue  # nothing pending, or the pending token is not computed this step
+        sampled, row = pending
+        entry = rows_by_source.setdefault(id(sampled), (sampled, [], []))
+        entry[1].append(int(query_start_loc[index + 1]) - 1)
+        entry[2].append(row)
+    for sampled, positions, rows in rows_by_source.values():
+        targets = torch.tensor(positions).to(input_ids.device, non_blocking=True)
+        sources = torch.tensor(rows).to(sampled.device, non_blocking=True)
+        input_ids[targets] = sampled[sources]

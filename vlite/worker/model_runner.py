@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections import deque
+from concurrent.futures import Future
+
 import torch
 
 from vlite.core.logits_processor import AddedRequest
@@ -20,6 +23,7 @@ from vlite.worker.grammar_mask import apply_grammar_bitmask
 from vlite.worker.input_batch import CachedRequestState, ModelInputs, prepare_inputs
 from vlite.worker.logits_processors import LogitsProcessorPipeline
 from vlite.worker.logprobs import LogprobsRequest
+from vlite.worker.sampled_tokens import SampledTokens, resolve_all
 from vlite.worker.sampling_inputs import build_sampling_metadata
 
 __all__ = ["ModelRunner", "build_sampling_metadata"]
@@ -52,6 +56,8 @@ class ModelRunner:
         self.device = device
         self.kv_caches: list[torch.Tensor] = []
         self.requests: dict[str, CachedRequestState] = {}
+        #: Sampled steps whose tokens are not on the host yet, oldest first.
+        self._unresolved: deque[SampledTokens] = deque()
         self._pending: tuple[ModelInputs, torch.Tensor, GrammarBitmask | None] | None = None
         #: This worker's pipeline stage (the only one without pipeline parallelism).
         self.pipeline: PipelineParallelGroup = getattr(model, "pp_group", SINGLE_STAGE)
@@ -165,6 +171,14 @@ class ModelRunner:
             has_sampling_extras=bool(
                 params.min_p > 0 or params.has_penalties or params.logprobs is not None
             ),
+            reads_own_tokens=bool(
+                params.has_penalties
+                or params.min_tokens
+                or params.bad_words_token_ids
+                or params.bad_words
+                or params.structured_outputs is not None
+                or params.extra_args
+            ),
         )
 
     # ---- the step ------------------------------------------------------------------
@@ -181,6 +195,7 @@ class ModelRunner:
         num_scheduled = list(scheduled.values())
         long_rope = None
         if self.long_rope_threshold is not None:
+            resolve_all(self._unresolved)  # the switch to long factors counts known tokens
             long_rope = self._long_rope_flags(states, num_scheduled)
         inputs = prepare_inputs(states, num_scheduled, self.block_size, self.device, long_rope)
         hidden = self._forward(inputs)
@@ -213,9 +228,14 @@ class ModelRunner:
             intermediate = self.pipeline.recv(count, shape, dtype, self.device)
         return self.model.forward(*args, intermediate_tensors=intermediate)
 
-    @torch.inference_mode()
     def sample_tokens(self) -> ModelRunnerOutput:
         """Sample one token for every sequence that reached its end in the last forward."""
+        return self.sample_tokens_deferred().result()
+
+    @torch.inference_mode()
+    def sample_tokens_deferred(self) -> Future[ModelRunnerOutput]:
+        """:meth:`sample_tokens`, its tokens left on the device until ``result()`` (see
+        :mod:`vlite.worker.sampled_tokens`); the next step may run meanwhile."""
         if self._pending is None:
             return self._nothing_sampled()
         inputs, logits, grammar_bitmask = self._pending
@@ -224,6 +244,8 @@ class ModelRunner:
         if not request_ids:
             return self._nothing_sampled()
         states = [self.requests[request_id] for request_id in request_ids]
+        if grammar_bitmask is not None or any(state.reads_own_tokens for state in states):
+            resolve_all(self._unresolved)  # what samples them reads every token so far
         vocab_size = logits.shape[-1]
         # One check keeps a batch that uses no min-p, penalty or logprobs cheap.
         has_extras = any(state.has_sampling_extras for state in states)
@@ -238,25 +260,16 @@ class ModelRunner:
         if grammar_bitmask is not None:  # last: the grammar has the final word
             apply_grammar_bitmask(logits, request_ids, grammar_bitmask)
         sampled = self.sampler.sample(logits, metadata)
-        token_ids = sampled.tolist()
-        for state, token_id in zip(states, token_ids):
-            state.token_ids.append(token_id)
-        output = ModelRunnerOutput(
-            sampled_token_ids={rid: [tid] for rid, tid in zip(request_ids, token_ids)}
-        )
-        if logprobs_request is not None:
-            entries = logprobs_request.gather(sampled)
-            output.logprobs = {
-                request_ids[row]: [entry] for row, entry in zip(logprobs_request.rows, entries)
-            }
-        return output
+        return SampledTokens(request_ids, states, sampled, self._unresolved, logprobs_request)
 
-    def _nothing_sampled(self) -> ModelRunnerOutput:
+    def _nothing_sampled(self) -> Future[ModelRunnerOutput]:
         """The output of a step that samples no row; the logits processors still hear of
         the requests that finished, so that they forget them."""
         if self.logits_processors.has_pending_changes:
             self.logits_processors.update_state([])
-        return ModelRunnerOutput(sampled_token_ids={})
+        done: Future[ModelRunnerOutput] = Future()
+        done.set_result(ModelRunnerOutput(sampled_token_ids={}))
+        return done
 
 
 def _learn_tokens(state: CachedRequestState, start: int, token_ids: list[int]) -> None:

@@ -35,13 +35,13 @@ def build_sampling_metadata(
     is_all_greedy = all(t == 0.0 for t in temperature)
     min_p = penalties = None
     if has_extras and not is_all_greedy and any(p.min_p > 0 for p in params):
-        min_p = torch.tensor([float(p.min_p) for p in params], dtype=torch.float32, device=device)
+        min_p = _on_device([float(p.min_p) for p in params], torch.float32, device)
     if has_extras and any(p.has_penalties for p in params):
         penalties = build_penalties(states, device, vocab_size)
     return SamplingMetadata(
-        temperature=torch.tensor(temperature, dtype=torch.float32, device=device),
-        top_k=torch.tensor(top_k, dtype=torch.int64, device=device),
-        top_p=torch.tensor(top_p, dtype=torch.float32, device=device),
+        temperature=_on_device(temperature, torch.float32, device),
+        top_k=_on_device(top_k, torch.int64, device),
+        top_p=_on_device(top_p, torch.float32, device),
         generators={
             row: state.generator
             for row, state in enumerate(states)
@@ -70,8 +70,7 @@ def build_penalties(
             outputs.append([])
 
     def values(name: str) -> torch.Tensor:
-        row_values = [float(getattr(p, name)) for p in params]
-        return torch.tensor(row_values, dtype=torch.float32, device=device)
+        return _on_device([float(getattr(p, name)) for p in params], torch.float32, device)
 
     return SamplingPenalties(
         presence_penalty=values("presence_penalty"),
@@ -80,6 +79,12 @@ def build_penalties(
         prompt_token_ids=_padded_tensor(prompts, vocab_size, device),
         output_token_ids=_padded_tensor(outputs, vocab_size, device),
     )
+
+
+def _on_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``values`` as a 1-D tensor on ``device``, copied without waiting for the device's
+    queue (``torch.tensor(..., device="cuda")`` waits for every kernel launched so far)."""
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
 
 def _padded_tensor(rows: list[list[int]], pad_id: int, device: torch.device) -> torch.Tensor:

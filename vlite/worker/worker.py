@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from concurrent.futures import Future
 
 import torch
 
@@ -285,6 +286,10 @@ class Worker:
 
     def sample_tokens(self) -> ModelRunnerOutput:
         return self.runner.sample_tokens()
+
+    def sample_tokens_deferred(self) -> Future[ModelRunnerOutput]:
+        """:meth:`sample_tokens` with the tokens left on the device until ``result()``."""
+        return self.runner.sample_tokens_deferred()
 
 
 def _can_read_cpu_times() -> bool:

@@ -3,7 +3,8 @@ activation (see the package docstring for why and how they match PyTorch).
 
 Each kernel rounds to the tensors' dtype wherever the PyTorch ops it replaces do
 (``x + residual``, the normalised value, each product of RoPE's formula, ``silu(gate)``), so
-on bfloat16 it gives what those ops give, up to the order of one sum (the RMS).
+it gives what those ops give, up to the order of one sum (the RMS) and the compiler's
+contractions (one unit in the last place, here and there).
 """
 
 from __future__ import annotations
@@ -11,6 +12,11 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+# The combine function behind tl.sum: the kernels call only builtins of triton.language, so
+# they run interpreted even where triton was imported compiled first (see
+# vlite.plugins.attention.triton_kernels.paged_attention).
+_ADD = tl.standard._sum_combine
 
 #: dtypes the kernels take.
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -46,7 +52,7 @@ def _add_rmsnorm_kernel(
         x = (x.to(tl.float32) + summed).to(dtype)  # rounded, as ``x + residual``
         tl.store(residual_row, x, mask=mask)
     x32 = x.to(tl.float32)
-    mean_square = tl.sum(x32 * x32, axis=0) / hidden
+    mean_square = tl.reduce(x32 * x32, 0, _ADD) / hidden
     normed = (x32 * tl.rsqrt(mean_square + eps)).to(dtype)
     weight = tl.load(weight_ptr + columns, mask=mask, other=0.0).to(tl.float32)
     out = (weight * normed.to(tl.float32)).to(dtype)

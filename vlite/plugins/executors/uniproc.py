@@ -1,13 +1,16 @@
 """``uniproc``: one worker in the engine's own process.
 
-With ``async_scheduling`` the worker runs each batch on one background thread, so the
-engine schedules the next batch while the current one computes (PyTorch releases the
-GIL inside its kernels); batches still run one at a time, in submission order.
+With ``async_scheduling`` a batch is submitted on the engine's own thread and its sampled
+tokens stay on the device until the engine reads them
+(:mod:`vlite.worker.sampled_tokens`): on CUDA the engine schedules and launches the next
+batch, which reads those tokens on the device, while this one computes, with no second
+thread to contend for the GIL; on the CPU, where the forward computes as it is called, the
+batches simply run in turn.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 from vlite.core.config import VliteConfig
 from vlite.core.executor import Executor
@@ -32,9 +35,6 @@ class UniprocExecutor(Executor):
         self.worker.load_model()
         self.attention_backend_name = self.worker.attention_backend_name
         self.worker_memory = (self.worker.memory_report(),)
-        self._thread: ThreadPoolExecutor | None = None
-        if config.async_scheduling:
-            self._thread = ThreadPoolExecutor(1, thread_name_prefix="vlite-uniproc-worker")
 
     def initialize_kv_cache(self) -> int:
         num_blocks = self.worker.determine_num_kv_blocks()
@@ -48,19 +48,9 @@ class UniprocExecutor(Executor):
         return self.worker.sample_tokens()
 
     def execute_model_async(self, scheduler_output: SchedulerOutput) -> Future[ModelRunnerOutput]:
-        """On the worker thread with ``async_scheduling``, else at once."""
-        if self._thread is None:
-            return super().execute_model_async(scheduler_output)
-        return self._thread.submit(self._run_batch, scheduler_output)
-
-    def _run_batch(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """Run the batch and sample; the future's ``result()`` brings its tokens to the host."""
         self.worker.execute_model(scheduler_output)
-        return self.worker.sample_tokens()
-
-    def shutdown(self) -> None:
-        if self._thread is not None:
-            self._thread.shutdown(wait=True)
-            self._thread = None
+        return self.worker.sample_tokens_deferred()
 
 
 @hookimpl
