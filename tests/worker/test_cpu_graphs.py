@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from vlite import LLM, SamplingParams
-from vlite.kernels import native
+from vlite.kernels import call_replay, native
 from vlite.testing.tiny_gguf import write_tiny_gguf
 from vlite.testing.tiny_models import make_tiny_model
+from vlite.worker import cpu_graphs
 from vlite.worker.cpu_graphs import NativeCallCapturer, NotCapturable
 from vlite.worker.cuda_graphs import DecodeGraphs
 
@@ -52,7 +53,19 @@ def test_replayed_decode_steps_give_the_eager_tokens_exactly(quantized_gguf, mon
         return hidden
 
     monkeypatch.setattr(DecodeGraphs, "replay", counting_replay)
+    compiled = []
+
+    def spying_compile(calls):
+        compiled.append(real_compile(calls))
+        return compiled[-1]
+
+    real_compile = cpu_graphs.compile_replay
+    monkeypatch.setattr(cpu_graphs, "compile_replay", spying_compile)
     llm = LLM(model=quantized_gguf, num_kv_blocks=32)
+    # On x86-64 Linux every recorded call (norms with a float, attention with 26
+    # arguments and the thread count) is replayed by the C loop.
+    on_c = call_replay._library() is not None
+    assert len(compiled) == 5 and all(replay.calls_in_c == on_c for replay in compiled)
     assert "CPU step replay: 5 decode batch sizes (1-16)" in capsys.readouterr().err
     assert _worker(llm).runner.decode_graphs.sizes == (1, 2, 4, 8, 16)
     # Five prompts decode as a batch of 5 (padded to 8), then one alone.
@@ -164,3 +177,38 @@ def test_paged_attention_skips_the_padding_rows_slot():
     written = cache.clone()
     written[:, 0, 3] = 0
     assert not written.any()  # nothing else, and nothing at "slot -1" (before the cache)
+
+
+needs_c_replay = pytest.mark.skipif(
+    call_replay._library() is None, reason="the C replay runs on x86-64 Linux only"
+)
+
+
+@needs_c_replay
+def test_a_kernel_failing_in_the_c_replay_is_named():
+    kernels = native.gguf_block_kernels()
+    blocks = torch.zeros(4, 18, dtype=torch.uint8)
+    rows = torch.tensor([3, 0])
+    with native.recording() as calls:
+        gathered = kernels.gather_rows("Q4_0", blocks, 32, rows)  # kept: the replay writes it
+    replay = call_replay.compile_replay(calls)
+    assert replay.calls_in_c
+    replay(1)
+    rows[0] = 9  # out of range: the kernel returns a failure
+    with pytest.raises(RuntimeError, match="vl_gather_rows failed on replay"):
+        replay(1)
+    assert gathered.shape == (2, 32)
+
+
+def test_a_call_the_c_replay_cannot_make_is_made_from_python():
+    seen = []
+
+    def function(*args):
+        seen.append(args)
+        return 0
+
+    function.__name__ = "vl_untyped"  # no argtypes: not replayable in C
+    replay = call_replay.compile_replay([native.RecordedCall(function, (5, 6), None)])
+    assert not replay.calls_in_c
+    replay(2)
+    assert seen == [(5, 6)]

@@ -26,6 +26,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from vlite.kernels import native
+from vlite.kernels.call_replay import compile_replay
 
 #: Functions that allocate a new tensor: served from the capturer's arena while recording.
 _ALLOCATIONS = frozenset({"empty", "empty_like", "new_empty"})
@@ -131,9 +132,9 @@ class NativeCallCapturer:
         self._kept.append(guard.kept)
         self.retained_bytes += sum(t.untyped_storage().nbytes() for t in guard.kept)
 
+        replay_calls = compile_replay(calls)  # in C where it can, else one by one
+
         def replay() -> None:
-            threads = torch.get_num_threads()
-            for call in calls:
-                call(threads)
+            replay_calls(torch.get_num_threads())
 
         return replay, output
