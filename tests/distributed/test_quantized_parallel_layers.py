@@ -18,6 +18,7 @@ from vlite.models.parallel_layers import (
 )
 from vlite.plugins.weight_formats.gguf import GGUF_FORMAT
 from vlite.testing.local_ranks import ranks
+from vlite.worker.cpu_graphs import NativeCallCapturer
 
 #: A 32-value type, and a 256-value one when the kernels have one.
 TYPES = ["Q8_0"] + [t for t in ("Q4_K",) if t in BLOCK_LAYOUTS]
@@ -101,6 +102,11 @@ def test_pieces_of_two_types_stay_quantized_each_in_its_type():
     assert torch.equal(layer.quantized.dequantize(), values)
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(2))
     torch.testing.assert_close(layer(x), x @ values.t(), rtol=1e-5, atol=1e-5)
+    # The pieces' outputs are joined by a C call: the product records for CPU step replay.
+    replay, output = NativeCallCapturer().capture(lambda: layer(x))
+    x.copy_(torch.randn(3, 64))
+    replay()
+    torch.testing.assert_close(output, x @ values.t(), rtol=1e-5, atol=1e-5)
 
 
 def test_a_float_piece_among_quantized_ones_dequantizes_them():

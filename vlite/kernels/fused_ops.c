@@ -7,6 +7,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 /*
  * residual[T, H] += x (when residual is given), then
@@ -73,4 +74,13 @@ void vl_silu_mul(const float *x, int64_t T, int64_t width, float *out) {
 #endif
         for (; i < width; i++) o[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
     }
+}
+
+/* Copy src [rows, cols] (contiguous) into columns of dst (row stride dst_stride): a fused
+   projection whose pieces are multiplied separately writes each piece's output features
+   in place, so a recorded forward needs no PyTorch concatenation. */
+void vl_copy_columns(const float *src, int64_t rows, int64_t cols, float *dst,
+                     int64_t dst_stride) {
+    for (int64_t r = 0; r < rows; r++)
+        memcpy(dst + r * dst_stride, src + r * cols, (size_t)cols * sizeof(float));
 }

@@ -364,7 +364,9 @@ class FusedOps:
         lib.vl_add_rmsnorm.argtypes = [ptr, ptr, ptr, i64, i64, f32, ptr]
         lib.vl_rope.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, ptr]
         lib.vl_silu_mul.argtypes = [ptr, i64, i64, ptr]
+        lib.vl_copy_columns.argtypes = [ptr, i64, i64, ptr, i64]
         lib.vl_add_rmsnorm.restype = lib.vl_rope.restype = lib.vl_silu_mul.restype = None
+        lib.vl_copy_columns.restype = None
         self._lib = lib
 
     def add_rmsnorm(
@@ -398,6 +400,30 @@ class FusedOps:
         out = torch.empty(num_tokens, width, dtype=torch.float32)
         _call(self._lib.vl_silu_mul, gate_up.data_ptr(), num_tokens, width, out.data_ptr())
         return out
+
+    def copy_columns_(self, destination: torch.Tensor, source: torch.Tensor) -> None:
+        """``destination[:] = source``, both float32 ``[M, n]``: ``source`` contiguous,
+        ``destination`` with a unit column stride (columns of a wider tensor)."""
+        _require(source, destination, dtype=torch.float32)
+        if (
+            source.dim() != 2
+            or destination.shape != source.shape
+            or not source.is_contiguous()
+            or destination.stride(1) != 1
+        ):
+            raise ValueError(
+                f"expected a contiguous [M, n] source and an [M, n] destination with unit "
+                f"column stride, got {list(source.shape)} and {list(destination.shape)}"
+            )
+        rows, cols = source.shape
+        _call(
+            self._lib.vl_copy_columns,
+            source.data_ptr(),
+            rows,
+            cols,
+            destination.data_ptr(),
+            destination.stride(0),
+        )
 
     def rope_(
         self,

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from vlite.core.weight_format import QuantizedWeight, joinable
+from vlite.kernels import native
 
 
 class MixedPieces:
@@ -45,9 +46,32 @@ class MixedPieces:
         return sum(part.nbytes for part in self.parts)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` ``[..., K]`` -> ``[..., N]``: each part's product, in row order."""
-        return torch.cat([part.matmul(x) for part in self.parts], dim=-1)
+        """``x`` ``[..., K]`` -> ``[..., N]``: each part's product, in row order.
+
+        On float32 CPU rows each product is copied into its columns by a C call, so a
+        forward of C calls (CPU step replay) stays one; elsewhere ``torch.cat``.
+        """
+        products = [part.matmul(x) for part in self.parts]
+        ops = _copy_ops()
+        on_cpu = x.device.type == "cpu" and products[0].dtype == torch.float32
+        if ops is None or x.dim() != 2 or not on_cpu:
+            return torch.cat(products, dim=-1)
+        out = torch.empty(x.shape[0], self.shape[0], dtype=torch.float32)
+        start = 0
+        for product in products:
+            width = product.shape[-1]
+            ops.copy_columns_(out[:, start : start + width], product.contiguous())
+            start += width
+        return out
 
     def dequantize(self) -> torch.Tensor:
         """The whole ``[N, K]`` weight as float32."""
         return torch.cat([part.dequantize() for part in self.parts])
+
+
+def _copy_ops() -> native.FusedOps | None:
+    """The C kernels' column copy, or ``None`` where they cannot be built."""
+    try:
+        return native.fused_ops()
+    except native.NativeKernelsUnavailable:
+        return None
