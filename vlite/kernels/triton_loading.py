@@ -25,12 +25,14 @@ import importlib.util
 import os
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
+from typing import TypeVar
 
 import torch
 
 INTERPRET_ENV = "TRITON_INTERPRET"
+T = TypeVar("T")
 
 
 class TritonInterpreterWarning(UserWarning):
@@ -46,6 +48,25 @@ def runs_interpreted(device: torch.device | str) -> bool:
 def defines_interpreted_kernels(module: ModuleType) -> bool:
     """Whether ``module``'s ``@triton.jit`` functions were defined for the interpreter."""
     return any(type(value).__name__ == "InterpretedFunction" for value in vars(module).values())
+
+
+def load_once_per_mode(
+    cache: dict[bool, T],
+    device: torch.device | str,
+    name: str,
+    user: str,
+    alternative: str,
+    make: Callable[[ModuleType], T],
+) -> T:
+    """``make(module)`` for the kernel module ``name`` in the mode tensors on ``device``
+    need (:func:`runs_interpreted`), built once per mode and kept in ``cache``; ``user`` and
+    ``alternative`` as for :func:`load_kernel_modules`."""
+    interpreted = runs_interpreted(device)
+    loaded = cache.get(interpreted)
+    if loaded is None:
+        (module,) = load_kernel_modules((name,), interpreted, user, alternative)
+        loaded = cache[interpreted] = make(module)
+    return loaded
 
 
 def load_kernel_modules(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from vlite.kernels.triton_loading import load_kernel_modules, runs_interpreted
+from vlite.kernels.triton_loading import load_once_per_mode
 
 #: Loaded ops by "interpreted?".
 _loaded: dict[bool, object] = {}
@@ -31,14 +31,11 @@ def load_fused_ops(device: torch.device | str):
     Raises:
         ImportError: ``triton`` is not installed.
     """
-    interpreted = runs_interpreted(device)
-    ops = _loaded.get(interpreted)
-    if ops is None:
-        (module,) = load_kernel_modules(
-            (f"{__name__}.fused_ops",),
-            interpreted,
-            user="the fused-layer-ops module",
-            alternative="run on CUDA",
-        )
-        ops = _loaded[interpreted] = module.TritonFusedOps(interpreted)
-    return ops
+    return load_once_per_mode(
+        _loaded,
+        device,
+        f"{__name__}.fused_ops",
+        user="the fused-layer-ops module",
+        alternative="run on CUDA",
+        make=lambda module: module.TritonFusedOps(module.is_interpreted()),
+    )

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from vlite.kernels.triton_loading import load_kernel_modules, runs_interpreted
+from vlite.kernels.triton_loading import load_once_per_mode
 
 
 @dataclass(frozen=True)
@@ -47,14 +47,11 @@ def load_moe_kernels(device: torch.device | str) -> MoEKernels:
     Raises:
         ImportError: ``triton`` is not installed.
     """
-    interpreted = runs_interpreted(device)
-    kernels = _loaded.get(interpreted)
-    if kernels is None:
-        (module,) = load_kernel_modules(
-            (f"{__name__}.grouped_gemm",),
-            interpreted,
-            user="the triton MoE implementation",
-            alternative="set VLITE_MOE_IMPL=torch",
-        )
-        kernels = _loaded[interpreted] = MoEKernels(module.grouped_gemm, module.is_interpreted())
-    return kernels
+    return load_once_per_mode(
+        _loaded,
+        device,
+        f"{__name__}.grouped_gemm",
+        user="the triton MoE implementation",
+        alternative="set VLITE_MOE_IMPL=torch",
+        make=lambda module: MoEKernels(module.grouped_gemm, module.is_interpreted()),
+    )
