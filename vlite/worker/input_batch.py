@@ -45,11 +45,6 @@ class CachedRequestState:
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
 
-    @property
-    def num_known_tokens(self) -> int:
-        """Tokens known so far, a pending one included."""
-        return len(self.token_ids) + (self.pending_token is not None)
-
 
 @dataclass
 class ModelInputs:
@@ -97,9 +92,11 @@ def prepare_inputs(
     slot_mapping = block_table[seq_index, positions // block_size] * block_size + (
         positions % block_size
     )
-    input_ids = _gather_input_ids(states, num_computed, query_lens)
+    pending = [index for index, state in enumerate(states) if state.pending_token is not None]
+    input_ids, placeholders = _gather_input_ids(states, num_computed, query_lens, pending)
 
-    known = np.fromiter((s.num_known_tokens for s in states), np.int64, len(states))
+    known = np.fromiter((len(s.token_ids) for s in states), np.int64, len(states))
+    known[pending] += 1  # a token sampled but not yet on the host is known
     is_sampled = seq_lens == known
     logits_indices = query_start_loc[1:][is_sampled] - 1
 
@@ -120,7 +117,7 @@ def prepare_inputs(
         per_token = np.repeat(np.asarray(long_rope, dtype=np.bool_), query_lens)
         metadata.use_long_rope = to_device(per_token, torch.bool)
     device_input_ids = to_device(input_ids, torch.int64)
-    _fill_pending_tokens(device_input_ids, states, query_start_loc, query_lens)
+    _fill_pending_tokens(device_input_ids, states, query_start_loc, placeholders)
     return ModelInputs(
         input_ids=device_input_ids,
         positions=to_device(positions, torch.int64),
@@ -142,35 +139,37 @@ def _block_table_array(
 
 
 def _gather_input_ids(
-    states: list[CachedRequestState], num_computed: np.ndarray, query_lens: np.ndarray
-) -> np.ndarray:
-    """The scheduled tokens end to end; a pending token (the last of its chunk, not yet on
-    the host) is left 0 here and filled on the device by :func:`_fill_pending_tokens`."""
-    input_ids = np.zeros(int(query_lens.sum()), dtype=np.int64)
-    offset = 0
-    for state, start, length in zip(states, num_computed.tolist(), query_lens.tolist()):
-        chunk = state.token_ids[start : start + length]
-        input_ids[offset : offset + len(chunk)] = chunk
-        offset += length
-    return input_ids
+    states: list[CachedRequestState],
+    num_computed: np.ndarray,
+    query_lens: np.ndarray,
+    pending: list[int],
+) -> tuple[np.ndarray, list[int]]:
+    """The scheduled tokens end to end, and the indices (among ``pending``, the states with
+    a pending token) whose chunk ends with that token: it is not on the host yet, so it is
+    0 here and filled on the device by :func:`_fill_pending_tokens`."""
+    starts, lengths = num_computed.tolist(), query_lens.tolist()
+    chunks = [
+        state.token_ids[start : start + length]
+        for state, start, length in zip(states, starts, lengths)
+    ]
+    placeholders = [index for index in pending if len(chunks[index]) < lengths[index]]
+    for index in placeholders:
+        chunks[index] = [*chunks[index], 0]
+    flat = (token for chunk in chunks for token in chunk)
+    return np.fromiter(flat, np.int64, int(query_lens.sum())), placeholders
 
 
 def _fill_pending_tokens(
     input_ids: torch.Tensor,
     states: list[CachedRequestState],
     query_start_loc: np.ndarray,
-    query_lens: np.ndarray,
+    placeholders: list[int],
 ) -> None:
-    """Copy, on the device, each pending token scheduled this step from its step's sampled
-    ids into ``input_ids`` (the last position of its request's chunk)."""
+    """Copy, on the device, the pending token of each of ``states[placeholders]`` from its
+    step's sampled ids into ``input_ids`` (the last position of its request's chunk)."""
     rows_by_source: dict[int, tuple[torch.Tensor, list[int], list[int]]] = {}
-    for index, state in enumerate(states):
-        pending = state.pending_token
-        if pending is None or state.num_computed_tokens + int(query_lens[index]) <= len(
-            state.token_ids
-        ):
-            continue  # nothing pending, or the pending token is not computed this step
-        sampled, row = pending
+    for index in placeholders:
+        sampled, row = states[index].pending_token
         entry = rows_by_source.setdefault(id(sampled), (sampled, [], []))
         entry[1].append(int(query_start_loc[index + 1]) - 1)
         entry[2].append(row)
