@@ -32,7 +32,8 @@
  * float32 buffer and run MR x NR tiles of dot products over it, with the widest vectors the
  * compiler was told of (AVX-512, AVX2 + FMA, or 4-wide portable vectors). With AVX-512 the
  * three oldest types (Q4_0, Q4_1, Q8_0) keep their own register-resident decoder and a
- * blocked GEMM for many rows (vl_has_gemm says which); the caller handles many rows of the
+ * blocked GEMM for many rows (vl_has_gemm says which); with AVX2 alone Q8_0 is decoded in
+ * registers too (q8_0_register_product); the caller handles many rows of the
  * other types by decoding W in panels (vl_dequantize) for a dense product.
  *
  * Threads: OpenMP, in the OpenMP runtime PyTorch already loaded (this library names the
@@ -161,7 +162,17 @@ static inline void decode_q4_1(const uint8_t *b, float *out) {
 static inline void decode_q8_0(const uint8_t *b, float *out) {
     const float d = fp16_to_fp32(b);
     const int8_t *qs = (const int8_t *)(b + 2);
+#if defined(__AVX2__)
+    /* Sign-extended straight from memory: no shuffles of a loaded vector (1.7x faster than
+     * the compiler's loop for the Q8_0 LM head of Gemma 3, 262,144 x 640). */
+    const __m256 scale = _mm256_set1_ps(d);
+    for (int j = 0; j < 32; j += 8) {
+        const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qs + j)));
+        _mm256_storeu_ps(out + j, _mm256_mul_ps(_mm256_cvtepi32_ps(q), scale));
+    }
+#else
     for (int j = 0; j < 32; j++) out[j] = (float)qs[j] * d;
+#endif
 }
 
 /* Q5_0/Q5_1: bit j of the little-endian uint32 qh is the fifth bit of value j. */
@@ -582,6 +593,65 @@ static void generic_product(int qtype, const float *x, int64_t M, int64_t K,
     }
 }
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+/*
+ * Q8_0 with few rows of x, in registers (AVX2): its values are one sign extension from
+ * memory and a product each, cheaper to redo per tile than to store and load back (measured
+ * for 1 to 31 rows of x: 1.2x to 2x the generic product). A tile is MR rows of x by four
+ * rows of W; each x vector is shared by the four rows.
+ */
+static inline __attribute__((always_inline)) void q8_0_tile(const int MR, const int NR,
+                                                             const float *x, int64_t K,
+                                                             const uint8_t *w, int64_t row_bytes,
+                                                             float *y, int64_t ldy) {
+    __m256 acc[2][4];
+    for (int i = 0; i < MR; i++)
+        for (int r = 0; r < NR; r++) acc[i][r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < K / QK; b++) {
+        const char *ahead = (const char *)w + PREFETCH_TILES * NR * row_bytes + b * NR * 34;
+        _mm_prefetch(ahead, _MM_HINT_T0);
+        _mm_prefetch(ahead + 64, _MM_HINT_T0);
+        for (int r = 0; r < NR; r++) {
+            const uint8_t *block = w + r * row_bytes + b * 34;
+            const __m256 d = _mm256_set1_ps(fp16_to_fp32(block));
+            for (int p = 0; p < 4; p++) {
+                const __m128i bytes = _mm_loadl_epi64((const __m128i *)(block + 2 + 8 * p));
+                const __m256 v = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)));
+                for (int i = 0; i < MR; i++)
+                    acc[i][r] = _mm256_fmadd_ps(v, _mm256_loadu_ps(x + i * K + b * QK + 8 * p),
+                                                acc[i][r]);
+            }
+        }
+    }
+    for (int i = 0; i < MR; i++)
+        for (int r = 0; r < NR; r++) y[i * ldy + r] = vsum(acc[i][r]);
+}
+
+#define Q8_0_TILE(MR, NR) \
+    q8_0_tile(MR, NR, x + m * K, K, w + n * row_bytes, row_bytes, y + m * N + n, N)
+
+/* y[M, N] = x @ W^T for Q8_0, rows of W split over the threads in chunks of 16. */
+static void q8_0_register_product(const float *x, int64_t M, int64_t K, const uint8_t *w,
+                                  int64_t N, float *y, int num_threads) {
+    const int64_t row_bytes = K / QK * 34, chunk = 16, num_chunks = (N + chunk - 1) / chunk;
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t c = 0; c < num_chunks; c++) {
+        const int64_t n1 = (c + 1) * chunk < N ? (c + 1) * chunk : N;
+        int64_t m = 0;
+        for (; m + 2 <= M; m += 2) {
+            int64_t n = c * chunk;
+            for (; n + 4 <= n1; n += 4) Q8_0_TILE(2, 4);
+            for (; n < n1; n++) Q8_0_TILE(2, 1);
+        }
+        for (; m < M; m++) {
+            int64_t n = c * chunk;
+            for (; n + 4 <= n1; n += 4) Q8_0_TILE(1, 4);
+            for (; n < n1; n++) Q8_0_TILE(1, 1);
+        }
+    }
+}
+#endif
+
 #if defined(__AVX512F__)
 
 /* Block b of a row as two vectors: values 0..15 in *lo, 16..31 in *hi (exactly as above). */
@@ -808,6 +878,12 @@ void vl_matmul(int qtype, const float *x, int64_t M, int64_t K, const uint8_t *w
             const int64_t n0 = c * chunk, n1 = n0 + chunk < N ? n0 + chunk : N;
             rows_range(qtype, x, M, K, w, N, n0, n1, y);
         }
+        return;
+    }
+#endif
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+    if (qtype == VL_Q8_0) {
+        q8_0_register_product(x, M, K, w, N, y, num_threads);
         return;
     }
 #endif
