@@ -73,3 +73,40 @@ def test_silu_mul_refuses_a_gate_up_it_cannot_split():
         fused_ops().silu_mul(torch.randn(3, 7))
     with pytest.raises(TypeError, match="float32"):
         fused_ops().silu_mul(torch.randn(3, 8, dtype=torch.float64))
+
+
+def test_gelu_tanh_mul_matches_the_geglu_formula_tails_included():
+    gate = torch.cat([torch.randn(37) * 4, torch.tensor([0.0, -0.0, 1e-30, 30.0, -30.0, 200.0])])
+    gate = torch.cat([gate, torch.tensor([-200.0, 9.0, -9.0, 1e-3, -1e-3])])  # 48: 6 vectors
+    up = torch.randn(48)
+    got = fused_ops().gelu_tanh_mul(torch.cat([gate, up])[None])[0]
+    # Against the same function in float64, as g * sigmoid(2u) (PyTorch's 0.5 g (1 + tanh u)
+    # loses relative precision where 1 + tanh cancels, even in float64).
+    g = gate.double()
+    exact = g * torch.sigmoid(2 * 0.7978845608028654 * (g + 0.044715 * g**3)) * up.double()
+    torch.testing.assert_close(got.double(), exact, rtol=1e-5, atol=1e-37)
+    float32 = torch.nn.functional.gelu(gate, approximate="tanh") * up
+    torch.testing.assert_close(got, float32, rtol=1e-6, atol=1e-6)
+
+
+def test_rmsnorm_heads_norms_each_head_of_strided_rows_in_place():
+    from vlite.models.gemma import GemmaRMSNorm
+
+    norm = GemmaRMSNorm(16, 1e-6)
+    norm.weight.data = torch.randn(16, generator=torch.Generator().manual_seed(1))
+    qkv = torch.randn(3, 5 * 16)  # 3 heads normed, 2 left alone
+    expected = norm(qkv[:, :48].reshape(3, 3, 16)).reshape(3, 48)
+    rest = qkv[:, 48:].clone()
+    norm.use_fused(fused_ops())
+    fused_ops().rmsnorm_heads_(qkv, 3, 16, norm.fused_weight, norm.eps)
+    torch.testing.assert_close(qkv[:, :48], expected, rtol=1e-6, atol=1e-6)
+    assert torch.equal(qkv[:, 48:], rest)
+    with pytest.raises(ValueError, match="6 heads of 16"):
+        fused_ops().rmsnorm_heads_(qkv, 6, 16, norm.fused_weight, norm.eps)
+
+
+def test_scale_multiplies_in_place_as_pytorch_does():
+    x = torch.randn(4, 24)
+    expected = x * torch.tensor(640**0.5, dtype=torch.float32)
+    fused_ops().scale_(x, 640**0.5)
+    assert torch.equal(x, expected)

@@ -162,6 +162,57 @@ def test_greedy_tokens_and_logprobs_from_a_gguf_file_match_transformers(tiny_ggu
                 ), (prompt, step)
 
 
+@pytest.fixture(scope="module", params=sorted(CASES))
+def quantized_gemma(request, tmp_path_factory) -> Path:
+    """A tiny Gemma 2 or 3 GGUF file with Q8_0 matrices (the C kernels' path)."""
+    root = tmp_path_factory.mktemp(f"quantized-{request.param}")
+    architecture, overrides = CASES[request.param]
+    folder = make_tiny_model(
+        root / "hf", architecture, num_kv_heads=2, tie_word_embeddings=True, **overrides
+    )
+    return write_tiny_gguf(folder, root / "q8.gguf", quantize=("Q8_0", "Q8_0"))
+
+
+def _greedy_with_logprobs(llm: LLM):
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=3)
+    return [o.outputs[0] for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+
+
+def test_the_c_kernels_compute_what_pytorchs_ops_compute_on_the_same_weights(quantized_gemma):
+    """Quantized weights run the norms (1 + w), q/k norms, RoPE, GeGLU and the embedding
+    scale as C calls; dequantized (``quantization="none"``), the same values go through
+    PyTorch's ops. Tokens are equal and log-probabilities agree to float32 rounding."""
+    fused = LLM(model=str(quantized_gemma), num_kv_blocks=32, enforce_eager=True)
+    model = fused.llm_engine.engine_core.executor.worker.runner.model
+    assert model.native_ops is not None
+    norms = [module for module in model.modules() if isinstance(module, GemmaRMSNorm)]
+    assert norms and all(norm.native is not None for norm in norms)
+    expected = _greedy_with_logprobs(fused)
+    del fused
+    plain = LLM(model=str(quantized_gemma), num_kv_blocks=32, quantization="none")
+    assert plain.llm_engine.engine_core.executor.worker.runner.model.native_ops is None
+    for got, want in zip(_greedy_with_logprobs(plain), expected, strict=True):
+        assert got.token_ids == want.token_ids
+        for top, top_expected in zip(got.logprobs, want.logprobs, strict=True):
+            for token_id, entry in top_expected.items():
+                assert top[token_id].logprob == pytest.approx(entry.logprob, abs=1e-4)
+
+
+def test_quantized_gemma3_decode_steps_are_replayed_with_the_eager_tokens(tmp_path, capsys):
+    architecture, overrides = CASES["gemma3"]
+    folder = make_tiny_model(
+        tmp_path / "hf", architecture, num_kv_heads=2, tie_word_embeddings=True, **overrides
+    )
+    path = str(write_tiny_gguf(folder, tmp_path / "q8.gguf", quantize=("Q8_0", "Q8_0")))
+    eager = _greedy_with_logprobs(LLM(model=path, num_kv_blocks=32, enforce_eager=True))
+    capsys.readouterr()
+    replayed = LLM(model=path, num_kv_blocks=32)
+    assert "CPU step replay: 5 decode batch sizes (1-16)" in capsys.readouterr().err
+    outputs = _greedy_with_logprobs(replayed)
+    assert [o.token_ids for o in outputs] == [o.token_ids for o in eager]
+    assert [o.logprobs for o in outputs] == [o.logprobs for o in eager]
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_transformers_reads_the_tiny_file_to_the_same_weights(tmp_path, case):
     """transformers' own GGUF loader (its names, its minus 1 on Gemma norms, no Q/K

@@ -365,8 +365,13 @@ class FusedOps:
         lib.vl_rope.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, ptr]
         lib.vl_silu_mul.argtypes = [ptr, i64, i64, ptr]
         lib.vl_copy_columns.argtypes = [ptr, i64, i64, ptr, i64]
-        lib.vl_add_rmsnorm.restype = lib.vl_rope.restype = lib.vl_silu_mul.restype = None
-        lib.vl_copy_columns.restype = None
+        lib.vl_rmsnorm_heads.argtypes = [ptr, i64, i64, i64, i64, ptr, f32]
+        lib.vl_scale.argtypes = [ptr, i64, f32]
+        lib.vl_gelu_tanh_mul.argtypes = [ptr, i64, i64, ptr]
+        for name in ("vl_add_rmsnorm", "vl_rope", "vl_silu_mul", "vl_copy_columns"):
+            getattr(lib, name).restype = None
+        for name in ("vl_rmsnorm_heads", "vl_scale", "vl_gelu_tanh_mul"):
+            getattr(lib, name).restype = None
         self._lib = lib
 
     def add_rmsnorm(
@@ -393,13 +398,50 @@ class FusedOps:
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """SwiGLU's ``silu(gate) * up`` of the fused product ``gate_up`` ``[T, 2 * I]``
         (gate first, contiguous float32) -> ``[T, I]``."""
+        return self._gated(self._lib.vl_silu_mul, gate_up)
+
+    def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """GeGLU's ``gelu_tanh(gate) * up`` of ``gate_up`` ``[T, 2 * I]`` -> ``[T, I]``
+        (as :meth:`silu_mul`)."""
+        return self._gated(self._lib.vl_gelu_tanh_mul, gate_up)
+
+    def _gated(self, function: Callable[..., None], gate_up: torch.Tensor) -> torch.Tensor:
         _require(gate_up, dtype=torch.float32)
         if gate_up.dim() != 2 or gate_up.shape[1] % 2 or not gate_up.is_contiguous():
             raise ValueError(f"expected a contiguous [T, 2 * I] tensor, got {list(gate_up.shape)}")
         num_tokens, width = gate_up.shape[0], gate_up.shape[1] // 2
         out = torch.empty(num_tokens, width, dtype=torch.float32)
-        _call(self._lib.vl_silu_mul, gate_up.data_ptr(), num_tokens, width, out.data_ptr())
+        _call(function, gate_up.data_ptr(), num_tokens, width, out.data_ptr())
         return out
+
+    def rmsnorm_heads_(
+        self, rows: torch.Tensor, num_heads: int, head_dim: int, weight: torch.Tensor, eps: float
+    ) -> None:
+        """RMSNorm, in place and times ``weight`` ``[head_dim]``, of each of the first
+        ``num_heads`` heads of each row of ``rows`` ``[T, W]`` (unit stride within a row)."""
+        _require(rows, weight, dtype=torch.float32)
+        if rows.dim() != 2 or rows.stride(1) != 1 or num_heads * head_dim > rows.shape[1]:
+            raise ValueError(
+                f"expected [T, W] rows with unit column stride holding {num_heads} heads of "
+                f"{head_dim}, got {list(rows.shape)}"
+            )
+        _call(
+            self._lib.vl_rmsnorm_heads,
+            rows.data_ptr(),
+            rows.shape[0],
+            rows.stride(0),
+            num_heads,
+            head_dim,
+            weight.contiguous().data_ptr(),
+            eps,
+        )
+
+    def scale_(self, x: torch.Tensor, factor: float) -> None:
+        """``x *= factor`` in place (``x`` contiguous float32)."""
+        _require(x, dtype=torch.float32)
+        if not x.is_contiguous():
+            raise ValueError(f"expected a contiguous tensor, got strides {x.stride()}")
+        _call(self._lib.vl_scale, x.data_ptr(), x.numel(), factor)
 
     def copy_columns_(self, destination: torch.Tensor, source: torch.Tensor) -> None:
         """``destination[:] = source``, both float32 ``[M, n]``: ``source`` contiguous,

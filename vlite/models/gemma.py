@@ -5,7 +5,8 @@ What differs from :mod:`vlite.models.llama`, all read from the Hugging Face conf
 - embeddings are scaled by ``sqrt(hidden_size)`` (in the hidden dtype, as transformers);
 - every RMSNorm multiplies by ``1 + weight`` (weights stored centred on 0), in float32;
 - each block is "sandwiched": ``x + post_attn_norm(attn(input_norm(x)))`` then
-  ``x + post_ffw_norm(mlp(pre_ffw_norm(x)))``, four norms per layer;
+  ``x + post_ffw_norm(mlp(pre_ffw_norm(x)))``, four norms per layer (the skip connections
+  are carried as a residual added inside the next norm, as Llama's are);
 - the feed-forward is GeGLU: ``down(gelu_tanh(gate) * up)``;
 - attention scores are scaled by ``query_pre_attn_scalar ** -0.5``, not ``head_dim ** -0.5``;
 - Gemma 2 caps attention scores (``attn_logit_softcapping``, passed to the backend as
@@ -18,8 +19,13 @@ What differs from :mod:`vlite.models.llama`, all read from the Hugging Face conf
   with ``rope_theta`` and its scaling (``linear`` for the larger checkpoints).
 
 Tensor parallelism splits heads and GeGLU features as for Llama (the norms, q/k norms
-included, are per head or replicated); pipeline stages split the layers as for Llama, a
-stage handing the next only the residual stream. GGUF files (llama.cpp's ``gemma2``/``gemma3``) load
+included, are per head or replicated); pipeline stages split the layers as for Llama.
+
+With quantized weights on the CPU (:meth:`GemmaForCausalLM.use_fused_ops`) the norms, the
+q/k norms with RoPE, GeGLU's activation and the embedding's scale are C calls of
+:class:`vlite.kernels.native.FusedOps`, so a decode step is C calls only and the worker
+replays it (:mod:`vlite.worker.cpu_graphs`); the float path keeps PyTorch's ops, bit for bit
+transformers'. GGUF files (llama.cpp's ``gemma2``/``gemma3``) load
 through :mod:`vlite.models.gguf`, which undoes the converter's ``+1`` on norm weights.
 """
 
@@ -50,16 +56,47 @@ ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 _ACTIVATIONS = ("gelu_pytorch_tanh", "gelu_tanh")
 
 
+#: What :meth:`GemmaForCausalLM.use_fused_ops` needs of the ops beyond Llama's.
+FUSED_OPS_NEEDED = ("gelu_tanh_mul", "rmsnorm_heads_", "scale_")
+
+
 class GemmaRMSNorm(nn.Module):
-    """RMSNorm scaled by ``1 + weight``, computed in float32 and cast back (as Gemma)."""
+    """RMSNorm scaled by ``1 + weight``, computed in float32 and cast back (as Gemma).
+
+    Given a ``residual``, it first adds ``x`` to it and returns the norm of the sum and the
+    sum, as :class:`~vlite.models.llama.RMSNorm` does; with fused ops (:meth:`use_fused`) a
+    float32 CPU ``[T, size]`` input takes one C call, which updates ``residual`` in place.
+    """
 
     def __init__(self, size: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(size))
         self.eps = eps
+        #: :class:`~vlite.kernels.native.FusedOps`, or ``None`` for PyTorch ops.
+        self.native: Any = None
+        #: ``1 + weight`` in float32 (the factor the fused kernel multiplies by).
+        self.fused_weight: torch.Tensor | None = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``[..., size]`` -> normed ``[..., size]`` in ``x.dtype``."""
+    def use_fused(self, ops: Any) -> None:
+        """Norm through ``ops`` (taking ``1 + weight`` as its weight, so call it once the
+        weights are loaded)."""
+        self.native = ops
+        self.fused_weight = (1.0 + self.weight.detach().float()).contiguous()
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """``[..., size]`` -> normed ``[..., size]`` in ``x.dtype`` (and the new residual)."""
+        native = self.native
+        if native is not None and native.handles(x.dtype, x.device) and x.dim() == 2:
+            out = native.add_rmsnorm(x.contiguous(), residual, self.fused_weight, self.eps)
+            return out if residual is None else (out, residual)
+        if residual is not None:
+            residual = x + residual
+            return self._norm(residual), residual
+        return self._norm(x)
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return (x32 * (1.0 + self.weight.float())).to(x.dtype)
@@ -70,7 +107,10 @@ class GemmaMLP(LlamaMLP):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[T, hidden_size]`` -> ``[T, hidden_size]``."""
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if self.native is not None and self.native.handles(gate_up.dtype, gate_up.device):
+            return self.down_proj(self.native.gelu_tanh_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.gelu(gate, approximate="tanh") * up)
 
 
@@ -88,6 +128,8 @@ class GemmaAttention(LlamaAttention):
     ):
         super().__init__(config, attention, rotary, tp_group)
         self.has_gemma_qk_norm = qk_norm
+        #: :class:`~vlite.kernels.native.FusedOps` for the q/k norms, or ``None``.
+        self.native: Any = None
         if qk_norm:
             self.q_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
@@ -102,6 +144,8 @@ class GemmaAttention(LlamaAttention):
         """``hidden`` ``[T, hidden_size]`` -> ``[T, hidden_size]``, rotated by ``rotation``
         (the step's positions in this layer's RoPE table)."""
         num_tokens = hidden.shape[0]
+        if self.native is not None and rotation.native is not None:
+            return self._forward_fused(rotation, hidden, kv_cache, metadata)
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], -1)
         q = q.reshape(num_tokens, self.num_heads, self.head_dim)
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
@@ -109,6 +153,33 @@ class GemmaAttention(LlamaAttention):
         if self.has_gemma_qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotation.rotate(q), rotation.rotate(k)
+        out = self.attend(q, k, v, kv_cache, metadata)  # [T, heads, head_dim]
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+    def _forward_fused(
+        self,
+        rotation: StepRotation,
+        hidden: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        """:meth:`forward` with the q/k norms and RoPE in place on the qkv product."""
+        num_tokens = hidden.shape[0]
+        qkv = self.qkv_proj(hidden)  # [T, q_size + 2 kv_size]
+        if self.has_gemma_qk_norm:
+            eps = self.q_norm.eps
+            self.native.rmsnorm_heads_(
+                qkv, self.num_heads, self.head_dim, self.q_norm.fused_weight, eps
+            )
+            keys = qkv[:, self.q_size :]
+            self.native.rmsnorm_heads_(
+                keys, self.num_kv_heads, self.head_dim, self.k_norm.fused_weight, eps
+            )
+        rotation.rotate_rows_(qkv, self.num_heads + self.num_kv_heads)
+        q = qkv[:, : self.q_size].view(num_tokens, self.num_heads, self.head_dim)
+        k = qkv[:, self.q_size : self.q_size + self.kv_size]
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
         out = self.attend(q, k, v, kv_cache, metadata)  # [T, heads, head_dim]
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
@@ -138,14 +209,22 @@ class GemmaDecoderLayer(nn.Module):
         self,
         rotation: StepRotation,
         hidden: torch.Tensor,
+        residual: torch.Tensor | None,
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
-    ) -> torch.Tensor:
-        """``[T, hidden_size]`` -> ``[T, hidden_size]`` (the residual stream)."""
-        attended = self.self_attn(rotation, self.input_layernorm(hidden), kv_cache, metadata)
-        hidden = hidden + self.post_attention_layernorm(attended)
-        fed = self.mlp(self.pre_feedforward_layernorm(hidden))
-        return hidden + self.post_feedforward_layernorm(fed)
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block on ``hidden`` ``[T, hidden_size]``: returns ``(post-normed feed-forward
+        output, residual)``, whose sum is transformers' layer output (``residual`` is
+        ``None`` for the first layer; the sums are taken inside the next norms)."""
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        attended = self.self_attn(rotation, hidden, kv_cache, metadata)
+        hidden, residual = self.pre_feedforward_layernorm(
+            self.post_attention_layernorm(attended), residual
+        )
+        return self.post_feedforward_layernorm(self.mlp(hidden)), residual
 
 
 class GemmaModel(nn.Module):
@@ -175,8 +254,6 @@ class GemmaForCausalLM(LlamaForCausalLM):
 
     supports_tensor_parallel = True
     supports_pipeline_parallel = True
-    #: A stage hands the next one the residual stream only (the norms sandwich the blocks).
-    num_intermediate_tensors = 1
     supports_block_quantized_weights = True
     #: Gemma's four norms per layer, by their GGUF names.
     gguf_layer_modules = {**LLAMA_LAYER_MODULES, **GEMMA_MODULES}
@@ -247,21 +324,31 @@ class GemmaForCausalLM(LlamaForCausalLM):
         if len(kv_caches) != self.num_layers:
             raise ValueError(f"expected {self.num_layers} KV caches, got {len(kv_caches)}")
         if intermediate_tensors is None:
-            hidden = self.model.embed_tokens(input_ids)
-            hidden = hidden * torch.tensor(self.config.hidden_size**0.5, dtype=hidden.dtype)
+            hidden, residual = self._scaled_embedding(input_ids), None
         else:
-            (hidden,) = intermediate_tensors
-        global_rotation = StepRotation(self.rotary_emb, positions, hidden.dtype)
+            hidden, residual = intermediate_tensors
+        ops = self.native_ops
+        global_rotation = StepRotation(self.rotary_emb, positions, hidden.dtype, ops)
         local_rotation = global_rotation
         if self.local_rotary_emb is not self.rotary_emb:
-            local_rotation = StepRotation(self.local_rotary_emb, positions, hidden.dtype)
+            local_rotation = StepRotation(self.local_rotary_emb, positions, hidden.dtype, ops)
         layers = [self.model.layers[index] for index in self.model.layer_indices]
         for layer, kv_cache in zip(layers, kv_caches, strict=True):
             rotation = local_rotation if layer.local else global_rotation
-            hidden = layer(rotation, hidden, kv_cache, attn_metadata)
+            hidden, residual = layer(rotation, hidden, residual, kv_cache, attn_metadata)
         if not self.pp_group.is_last:
-            return [hidden]
-        return self.model.norm(hidden)
+            return [hidden, residual]
+        return self.model.norm(hidden, residual)[0]
+
+    def _scaled_embedding(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """``[T]`` -> ``[T, hidden]`` embeddings times ``sqrt(hidden_size)`` (rounded to the
+        hidden dtype first, as transformers does)."""
+        hidden = self.model.embed_tokens(input_ids)
+        normalizer = self.config.hidden_size**0.5
+        if self.native_ops is not None and self.native_ops.handles(hidden.dtype, hidden.device):
+            self.native_ops.scale_(hidden, normalizer)  # a fresh lookup: scaled in place
+            return hidden
+        return hidden * torch.tensor(normalizer, dtype=hidden.dtype)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """``[n, hidden_size]`` -> ``[n, vocab_size]`` float32 logits, soft-capped when the
@@ -271,7 +358,17 @@ class GemmaForCausalLM(LlamaForCausalLM):
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def use_fused_ops(self, ops: Any) -> None:
-        """Gemma keeps PyTorch's ops (its norms and GeGLU have no fused kernels)."""
+        """Run the norms (``1 + weight``), the q/k norms and RoPE, GeGLU's activation and the
+        embedding's scale through ``ops`` where it handles the tensors; ops without Gemma's
+        kernels (:data:`FUSED_OPS_NEEDED`, e.g. the Triton ones on CUDA) leave PyTorch's."""
+        if not all(hasattr(ops, name) for name in FUSED_OPS_NEEDED):
+            return
+        self.native_ops = ops
+        for module in self.modules():
+            if isinstance(module, GemmaRMSNorm):
+                module.use_fused(ops)
+            elif isinstance(module, (GemmaMLP, GemmaAttention)):
+                module.native = ops
 
 
 def _check_supported(config: Any) -> None:
