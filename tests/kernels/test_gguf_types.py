@@ -64,7 +64,7 @@ def test_row_gather_is_an_embedding_lookup(kernels, qtype):
 
 
 @pytest.mark.parametrize("qtype", ALL_TYPES)
-@pytest.mark.parametrize("num_rows", [0, 1, 3, 6, 33])
+@pytest.mark.parametrize("num_rows", [0, 1, 2, 3, 6, 33])
 def test_products_of_odd_shapes_use_the_files_values(kernels, qtype, num_rows):
     # 37 rows of W: chunks of 16 and tiles of 4 with remainders; 33 rows of x: the
     # many-rows path (a GEMM, or panels for types without one) plus a remainder.
@@ -130,6 +130,6 @@ def test_every_vector_path_decodes_and_multiplies_exactly(isa):
     for qtype in ALL_TYPES:
         blocks, weights, cols = matrix(qtype, 21, 2, seed=6)
         assert torch.equal(kernels.dequantize(qtype, blocks, cols), weights), qtype
-        for num_rows in (1, 5, native.GEMM_ROWS + 1):
+        for num_rows in (1, 2, 5, native.GEMM_ROWS + 1):
             x = torch.randn(num_rows, cols, generator=torch.Generator().manual_seed(7))
             assert_product_close(kernels.product(qtype, blocks, 21, cols)(x), x, weights)
