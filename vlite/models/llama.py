@@ -198,7 +198,19 @@ class LlamaAttention(nn.Module):
         num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)
         v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.has_qk_norm:
+        if self.has_qk_norm and self._norms_heads_in_place(rotation):
+            ops = self.q_norm.native
+            ops.rmsnorm_heads_(
+                qkv, self.num_heads, self.head_dim, self.q_norm.weight, self.q_norm.eps
+            )
+            keys = qkv[:, self.q_size :]
+            ops.rmsnorm_heads_(
+                keys, self.num_kv_heads, self.head_dim, self.k_norm.weight, self.k_norm.eps
+            )
+            rotation.rotate_rows_(qkv, self.num_heads + self.num_kv_heads)
+            q = qkv[:, : self.q_size].view(num_tokens, self.num_heads, self.head_dim)
+            k = keys[:, : self.kv_size].view(num_tokens, self.num_kv_heads, self.head_dim)
+        elif self.has_qk_norm:
             q, k, _ = qkv.split([self.q_size, self.kv_size, self.kv_size], -1)
             q = self.q_norm(q.view(num_tokens, self.num_heads, self.head_dim))
             k = self.k_norm(k.reshape(num_tokens, self.num_kv_heads, self.head_dim))
@@ -217,6 +229,18 @@ class LlamaAttention(nn.Module):
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         out = self.attend(q, k, v, kv_cache, metadata)  # [T, heads, head_dim]
         return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+
+    def _norms_heads_in_place(self, rotation: StepRotation) -> bool:
+        """Whether the q/k norms and RoPE run in place on the qkv product, one C call each
+        (fused ops with ``rmsnorm_heads_`` on float32 weights, rotating natively)."""
+        ops = self.q_norm.native
+        return (
+            self.use_rope
+            and rotation.native is not None
+            and hasattr(ops, "rmsnorm_heads_")
+            and self.q_norm.weight.dtype == self.k_norm.weight.dtype == torch.float32
+        )
 
 
 class LlamaMLP(nn.Module):
