@@ -212,3 +212,15 @@ def test_a_call_the_c_replay_cannot_make_is_made_from_python():
     assert not replay.calls_in_c
     replay(2)
     assert seen == [(5, 6)]
+
+
+def test_a_quantized_qwen3_with_its_qk_norms_replays_the_eager_tokens(tmp_path, capsys):
+    # Its per-head q/k norms run in place on the qkv product (one C call each), so nothing
+    # in the forward computes in PyTorch and the steps are recorded.
+    folder = make_tiny_model(tmp_path / "hf", "Qwen3ForCausalLM")
+    path = str(write_tiny_gguf(folder, tmp_path / "q.gguf", quantize=("Q8_0", "Q8_0")))
+    eager = _greedy(LLM(model=path, num_kv_blocks=32, enforce_eager=True), PROMPTS)
+    capsys.readouterr()
+    llm = LLM(model=path, num_kv_blocks=32)
+    assert "CPU step replay: 5 decode batch sizes (1-16)" in capsys.readouterr().err
+    assert _greedy(llm, PROMPTS) == eager

@@ -230,7 +230,6 @@ class LlamaAttention(nn.Module):
         out = self.attend(q, k, v, kv_cache, metadata)  # [T, heads, head_dim]
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
-
     def _norms_heads_in_place(self, rotation: StepRotation) -> bool:
         """Whether the q/k norms and RoPE run in place on the qkv product, one C call each
         (fused ops with ``rmsnorm_heads_`` on float32 weights, rotating natively)."""
