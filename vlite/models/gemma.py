@@ -167,19 +167,12 @@ class GemmaAttention(LlamaAttention):
         num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)  # [T, q_size + 2 kv_size]
         if self.has_gemma_qk_norm:
-            eps = self.q_norm.eps
-            self.native.rmsnorm_heads_(
-                qkv, self.num_heads, self.head_dim, self.q_norm.fused_weight, eps
-            )
-            keys = qkv[:, self.q_size :]
-            self.native.rmsnorm_heads_(
-                keys, self.num_kv_heads, self.head_dim, self.k_norm.fused_weight, eps
+            q_norm, k_norm = self.q_norm, self.k_norm
+            self.norm_qk_heads_(
+                qkv, self.native, q_norm.fused_weight, k_norm.fused_weight, q_norm.eps
             )
         rotation.rotate_rows_(qkv, self.num_heads + self.num_kv_heads)
-        q = qkv[:, : self.q_size].view(num_tokens, self.num_heads, self.head_dim)
-        k = qkv[:, self.q_size : self.q_size + self.kv_size]
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k, v = self.split_heads(qkv)
         out = self.attend(q, k, v, kv_cache, metadata)  # [T, heads, head_dim]
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 

@@ -199,17 +199,10 @@ class LlamaAttention(nn.Module):
         qkv = self.qkv_proj(hidden)
         v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.has_qk_norm and self._norms_heads_in_place(rotation):
-            ops = self.q_norm.native
-            ops.rmsnorm_heads_(
-                qkv, self.num_heads, self.head_dim, self.q_norm.weight, self.q_norm.eps
-            )
-            keys = qkv[:, self.q_size :]
-            ops.rmsnorm_heads_(
-                keys, self.num_kv_heads, self.head_dim, self.k_norm.weight, self.k_norm.eps
-            )
+            norm = self.q_norm
+            self.norm_qk_heads_(qkv, norm.native, norm.weight, self.k_norm.weight, norm.eps)
             rotation.rotate_rows_(qkv, self.num_heads + self.num_kv_heads)
-            q = qkv[:, : self.q_size].view(num_tokens, self.num_heads, self.head_dim)
-            k = keys[:, : self.kv_size].view(num_tokens, self.num_kv_heads, self.head_dim)
+            q, k, v = self.split_heads(qkv)
         elif self.has_qk_norm:
             q, k, _ = qkv.split([self.q_size, self.kv_size, self.kv_size], -1)
             q = self.q_norm(q.view(num_tokens, self.num_heads, self.head_dim))
@@ -217,9 +210,7 @@ class LlamaAttention(nn.Module):
             if self.use_rope:
                 q, k = rotation.rotate(q), rotation.rotate(k)
         elif not self.use_rope:
-            q = qkv[:, : self.q_size].view(num_tokens, self.num_heads, self.head_dim)
-            k = qkv[:, self.q_size : self.q_size + self.kv_size]
-            k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+            q, k, v = self.split_heads(qkv)
         else:
             # Queries and keys are adjacent in qkv: one rotation for both.
             num_qk_heads = self.num_heads + self.num_kv_heads
@@ -229,6 +220,31 @@ class LlamaAttention(nn.Module):
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         out = self.attend(q, k, v, kv_cache, metadata)  # [T, heads, head_dim]
         return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+    def split_heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Views of ``qkv`` ``[T, q_size + 2 kv_size]`` as ``q`` ``[T, heads, head_dim]``,
+        ``k`` and ``v`` ``[T, kv_heads, head_dim]``."""
+        num_tokens, q_end = qkv.shape[0], self.q_size
+        k_end = q_end + self.kv_size
+        q = qkv[:, :q_end].view(num_tokens, self.num_heads, self.head_dim)
+        k = qkv[:, q_end:k_end].view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = qkv[:, k_end:].view(num_tokens, self.num_kv_heads, self.head_dim)
+        return q, k, v
+
+    def norm_qk_heads_(
+        self,
+        qkv: torch.Tensor,
+        ops: Any,
+        q_weight: torch.Tensor,
+        k_weight: torch.Tensor,
+        eps: float,
+    ) -> None:
+        """RMSNorm, in place, of every query head of ``qkv`` ``[T, q_size + 2 kv_size]``
+        (times ``q_weight`` ``[head_dim]``) and every key head (times ``k_weight``): one
+        ``ops.rmsnorm_heads_`` call each."""
+        ops.rmsnorm_heads_(qkv, self.num_heads, self.head_dim, q_weight, eps)
+        keys = qkv[:, self.q_size :]
+        ops.rmsnorm_heads_(keys, self.num_kv_heads, self.head_dim, k_weight, eps)
 
     def _norms_heads_in_place(self, rotation: StepRotation) -> bool:
         """Whether the q/k norms and RoPE run in place on the qkv product, one C call each
