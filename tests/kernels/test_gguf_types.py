@@ -75,6 +75,18 @@ def test_products_of_odd_shapes_use_the_files_values(kernels, qtype, num_rows):
     assert_product_close(got, x, weights)
 
 
+@pytest.mark.parametrize("qtype", ALL_TYPES)
+def test_a_row_gives_the_same_bits_alone_or_in_any_batch_below_the_gemm(kernels, qtype):
+    # The decode paths (register tiles for some types and row counts, the buffer path for
+    # the rest) sum in one order, so batching never changes a row's result.
+    blocks, _, cols = matrix(qtype, 37, 2, seed=8)
+    x = torch.randn(native.GEMM_ROWS - 1, cols, generator=torch.Generator().manual_seed(9))
+    product = kernels.product(qtype, blocks, 37, cols)
+    alone = torch.cat([product(x[i : i + 1]) for i in range(len(x))])
+    for rows in (2, 3, 4, 5, 9, len(x)):
+        assert torch.equal(product(x[:rows]), alone[:rows]), rows
+
+
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "IQ4_NL"])
 def test_the_many_rows_path_over_several_panels(kernels, qtype, monkeypatch):
     blocks, weights, cols = matrix(qtype, 40, 1, seed=4)

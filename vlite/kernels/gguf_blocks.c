@@ -600,7 +600,8 @@ static void generic_product(int qtype, const float *x, int64_t M, int64_t K,
  * values can be had without shuffling a loaded vector: 8 bytes of the block are widened to
  * eight 32-bit lanes straight from memory (one instruction), and masks and shifts of those
  * lanes give the values (a 4-bit type's low nibbles are 8 values, its high nibbles 8 more),
- * exactly the decoders' a * q + b, each multiplied into the accumulators at once. Decoding
+ * exactly the decoders' a * q + b, each multiplied into the accumulators at once, in
+ * ascending k as the generic product sums (so the same bits). Decoding
  * blocks into a buffer and reading them back costs more than redoing this per tile
  * (measured per type against that generic product: REGISTER_TILES). A tile is MR rows of x
  * by NR rows of W, and each vector of x is shared by the NR rows.
@@ -609,16 +610,6 @@ static void generic_product(int qtype, const float *x, int64_t M, int64_t K,
 /* 8 bytes at p as eight 32-bit lanes. */
 static inline __m256i widen8(const uint8_t *p) {
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
-}
-
-/* IQ4's values of eight 4-bit indices (32-bit lanes) as floats: two 8-entry tables, the
- * index's bit 3 (moved to the sign bit) picking one. */
-static inline __m256 iq4_lookup(__m256i index) {
-    const __m256 low = _mm256_setr_ps(-127, -104, -83, -65, -49, -35, -22, -10);
-    const __m256 high = _mm256_setr_ps(1, 13, 25, 38, 53, 69, 89, 113);
-    const __m256 upper = _mm256_castsi256_ps(_mm256_slli_epi32(index, 28));
-    return _mm256_blendv_ps(_mm256_permutevar8x32_ps(low, index),
-                            _mm256_permutevar8x32_ps(high, index), upper);
 }
 
 /* acc[i] += v * x[i * K + k .. + 8) for the MR rows of x. */
@@ -662,11 +653,11 @@ static inline __attribute__((always_inline)) void register_tile(int qtype, const
                 const float m = qtype == VL_Q4_1 ? fp16_to_fp32(b + 2) : -8.0f * d;
                 const __m256 a = _mm256_set1_ps(d), c = _mm256_set1_ps(m);
                 const uint8_t *qs = b + (qtype == VL_Q4_1 ? 4 : 2);
-                for (int j = 0; j < 16; j += 8) {
-                    const __m256i u = widen8(qs + j);
-                    FMA_X(AQB(_mm256_and_si256(u, low4), a, c), k0 + j);
-                    FMA_X(AQB(_mm256_srli_epi32(u, 4), a, c), k0 + 16 + j);
-                }
+                const __m256i u0 = widen8(qs), u1 = widen8(qs + 8);
+                FMA_X(AQB(_mm256_and_si256(u0, low4), a, c), k0);
+                FMA_X(AQB(_mm256_and_si256(u1, low4), a, c), k0 + 8);
+                FMA_X(AQB(_mm256_srli_epi32(u0, 4), a, c), k0 + 16);
+                FMA_X(AQB(_mm256_srli_epi32(u1, 4), a, c), k0 + 24);
                 break;
             }
             case VL_Q5_0:
@@ -678,66 +669,12 @@ static inline __attribute__((always_inline)) void register_tile(int qtype, const
                 uint32_t qh;
                 memcpy(&qh, qh_bytes, 4);
                 const __m256i high = _mm256_set1_epi32((int)qh);
-                for (int j = 0; j < 16; j += 8) {
-                    const __m256i u = widen8(qs + j);
-                    const __m256i lo_bit = _mm256_and_si256(
+                for (int j = 0; j < 32; j += 8) { /* values j..j+7: nibble j / 16 of qs[j % 16] */
+                    const __m256i u = widen8(qs + j % 16);
+                    const __m256i nibble = j < 16 ? _mm256_and_si256(u, low4) : _mm256_srli_epi32(u, 4);
+                    const __m256i fifth = _mm256_and_si256(
                         _mm256_srlv_epi32(high, _mm256_add_epi32(lanes, _mm256_set1_epi32(j))), bit);
-                    const __m256i hi_bit = _mm256_and_si256(
-                        _mm256_srlv_epi32(high, _mm256_add_epi32(lanes, _mm256_set1_epi32(16 + j))), bit);
-                    const __m256i lo = _mm256_or_si256(_mm256_and_si256(u, low4), _mm256_slli_epi32(lo_bit, 4));
-                    const __m256i hi = _mm256_or_si256(_mm256_srli_epi32(u, 4), _mm256_slli_epi32(hi_bit, 4));
-                    FMA_X(AQB(lo, a, c), k0 + j);
-                    FMA_X(AQB(hi, a, c), k0 + 16 + j);
-                }
-                break;
-            }
-            case VL_Q4_K:
-            case VL_Q5_K: { /* value 64 c + 32 h + l: nibble h of qs[32 c + l], group 2c + h */
-                const float d = fp16_to_fp32(b), dmin = fp16_to_fp32(b + 2);
-                int sc[8], mn[8];
-                k_scale_min(b + 4, sc, mn);
-                const uint8_t *qh = b + 16, *qs = b + (qtype == VL_Q4_K ? 16 : 48);
-                for (int c = 0; c < 4; c++) {
-                    const __m256 a0 = _mm256_set1_ps(d * (float)sc[2 * c]);
-                    const __m256 m0 = _mm256_set1_ps(-(dmin * (float)mn[2 * c]));
-                    const __m256 a1 = _mm256_set1_ps(d * (float)sc[2 * c + 1]);
-                    const __m256 m1 = _mm256_set1_ps(-(dmin * (float)mn[2 * c + 1]));
-                    for (int l = 0; l < 32; l += 8) {
-                        const __m256i u = widen8(qs + 32 * c + l);
-                        __m256i lo = _mm256_and_si256(u, low4), hi = _mm256_srli_epi32(u, 4);
-                        if (qtype == VL_Q5_K) { /* bit g of qh[l]: the fifth bit of group g */
-                            const __m256i h = widen8(qh + l);
-                            lo = _mm256_or_si256(lo, _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(h, 2 * c), bit), 4));
-                            hi = _mm256_or_si256(hi, _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(h, 2 * c + 1), bit), 4));
-                        }
-                        FMA_X(AQB(lo, a0, m0), k0 + 64 * c + l);
-                        FMA_X(AQB(hi, a1, m1), k0 + 64 * c + 32 + l);
-                    }
-                }
-                break;
-            }
-            case VL_IQ4_NL:
-            case VL_IQ4_XS: { /* group g: 16 bytes, low nibbles then high; a = d (times ls) */
-                const float d = fp16_to_fp32(b);
-                for (int g = 0; g < values / 32; g++) {
-                    float scale = d;
-                    const uint8_t *qs = b + 2;
-                    if (qtype == VL_IQ4_XS) {
-                        uint16_t scales_h;
-                        memcpy(&scales_h, b + 2, 2);
-                        const int low = (b[4 + g / 2] >> (4 * (g % 2))) & 15;
-                        const int high = (scales_h >> (2 * g)) & 3;
-                        scale = d * (float)((low | (high << 4)) - 32);
-                        qs = b + 8 + 16 * g;
-                    }
-                    const __m256 a = _mm256_set1_ps(scale);
-                    for (int j = 0; j < 16; j += 8) {
-                        const __m256i u = widen8(qs + j);
-                        FMA_X(_mm256_mul_ps(a, iq4_lookup(_mm256_and_si256(u, low4))),
-                              k0 + 32 * g + j);
-                        FMA_X(_mm256_mul_ps(a, iq4_lookup(_mm256_srli_epi32(u, 4))),
-                              k0 + 32 * g + 16 + j);
-                    }
+                    FMA_X(AQB(_mm256_or_si256(nibble, _mm256_slli_epi32(fifth, 4)), a, c), k0 + j);
                 }
                 break;
             }
@@ -753,26 +690,6 @@ static inline __attribute__((always_inline)) void register_tile(int qtype, const
                     FMA_X(_mm256_castsi256_ps(_mm256_slli_epi32(h, 16)), k0 + j);
                 }
                 break;
-            case VL_Q6_K: { /* value 128 h + 32 s + l (see decode_q6_k); group of 16: i / 16 */
-                const int8_t *scales = (const int8_t *)(b + 192);
-                const float d = fp16_to_fp32(b + 208);
-                const __m256i two_bits = _mm256_set1_epi32(3), offset = _mm256_set1_epi32(32);
-                for (int h = 0; h < 2; h++)
-                    for (int l = 0; l < 32; l += 8) {
-                        const __m256i q0 = widen8(b + 64 * h + l), q1 = widen8(b + 64 * h + 32 + l);
-                        const __m256i top = widen8(b + 128 + 32 * h + l);
-                        const __m256i low[4] = {_mm256_and_si256(q0, low4), _mm256_and_si256(q1, low4),
-                                                _mm256_srli_epi32(q0, 4), _mm256_srli_epi32(q1, 4)};
-                        for (int s = 0; s < 4; s++) {
-                            const __m256i t = _mm256_and_si256(_mm256_srli_epi32(top, 2 * s), two_bits);
-                            const __m256i q = _mm256_sub_epi32(_mm256_or_si256(low[s], _mm256_slli_epi32(t, 4)), offset);
-                            const int i0 = 128 * h + 32 * s + l;
-                            const __m256 a = _mm256_set1_ps(d * (float)scales[i0 / 16]);
-                            FMA_X(_mm256_mul_ps(a, _mm256_cvtepi32_ps(q)), k0 + i0);
-                        }
-                    }
-                break;
-            }
             }
         }
     }
@@ -813,11 +730,6 @@ REGISTER_ROWS(q4_1, VL_Q4_1)
 REGISTER_ROWS(q8_0, VL_Q8_0)
 REGISTER_ROWS(q5_0, VL_Q5_0)
 REGISTER_ROWS(q5_1, VL_Q5_1)
-REGISTER_ROWS(q4_k, VL_Q4_K)
-REGISTER_ROWS(q5_k, VL_Q5_K)
-REGISTER_ROWS(q6_k, VL_Q6_K)
-REGISTER_ROWS(iq4_nl, VL_IQ4_NL)
-REGISTER_ROWS(iq4_xs, VL_IQ4_XS)
 #if defined(__F16C__)
 REGISTER_ROWS(f16, VL_F16)
 #endif
@@ -826,21 +738,20 @@ REGISTER_ROWS(bf16, VL_BF16)
 typedef void (*register_rows_fn)(const float *, int64_t, int64_t, const uint8_t *, int64_t,
                                  int64_t, int64_t, float *);
 /* The types with register tiles, and the most rows of x they take: a tile decodes its
- * weights once per two rows of x, so only the cheapest decoders pay for many rows. Measured
- * on an AVX2 EPYC (Zen 3) against the generic product, one row of x: F16/BF16 2.6x, Q4_0/Q4_1
- * 2.1x, Q8_0 1.8x, Q5_0/Q5_1 1.4x, Q5_K 1.1x, IQ4_NL/IQ4_XS 1.0-1.1x, Q4_K 1.0-1.2x, Q6_K
- * 1.0-1.3x; 31 rows: F16/BF16 1.4x, Q8_0 1.2x, Q4_1 1.1x; 4 rows: Q4_K 0.8x, IQ4 0.8-0.9x.
- * Q2_K and Q3_K: the generic product. */
+ * weights once per two rows of x, so only the cheapest decoders pay for many rows. Every
+ * tile sums in the generic product's order (ascending k, eight lanes), so a row's result is
+ * the same bits whichever path a batch takes. Measured on an AVX2 EPYC (Zen 3) against the
+ * generic product, one row of x: F16/BF16 2.0-2.5x, Q8_0 1.8-2.4x, Q4_0/Q4_1 1.9-2.2x,
+ * Q5_0/Q5_1 1.4-1.5x; 31 rows: F16/BF16 1.4x, Q8_0/Q4_1 1.2x; Q5_0/Q5_1 at 4 rows 1.2x, at
+ * 8 0.9x. The K-quants and IQ4, decoded in this order, were slower than the buffer
+ * (0.4x to 1.1x): they keep the generic product. */
 static const struct {
     register_rows_fn rows;
     int64_t max_rows;
 } REGISTER_TILES[VL_NUM_TYPES] = {
     [VL_Q4_0] = {q4_0_register_rows, 31}, [VL_Q4_1] = {q4_1_register_rows, 31},
-    [VL_Q8_0] = {q8_0_register_rows, 31}, [VL_Q5_0] = {q5_0_register_rows, 2},
-    [VL_Q5_1] = {q5_1_register_rows, 2},  [VL_Q4_K] = {q4_k_register_rows, 2},
-    [VL_Q5_K] = {q5_k_register_rows, 2},  [VL_Q6_K] = {q6_k_register_rows, 2},
-    [VL_IQ4_NL] = {iq4_nl_register_rows, 2}, [VL_IQ4_XS] = {iq4_xs_register_rows, 2},
-    [VL_BF16] = {bf16_register_rows, 31},
+    [VL_Q8_0] = {q8_0_register_rows, 31}, [VL_Q5_0] = {q5_0_register_rows, 4},
+    [VL_Q5_1] = {q5_1_register_rows, 4},  [VL_BF16] = {bf16_register_rows, 31},
 #if defined(__F16C__)
     [VL_F16] = {f16_register_rows, 31},
 #endif
