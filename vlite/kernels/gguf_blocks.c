@@ -33,9 +33,9 @@
  * compiler was told of (AVX-512, AVX2 + FMA, or 4-wide portable vectors). With AVX-512 the
  * three oldest types (Q4_0, Q4_1, Q8_0) keep their own register-resident decoder and a
  * blocked GEMM for many rows (vl_has_gemm says which); with AVX2 alone the types whose
- * values widen straight from memory are decoded in registers too (register_product); the
- * caller handles many rows of the
- * other types by decoding W in panels (vl_dequantize) for a dense product.
+ * values widen straight from memory are decoded in registers too (register_product). The
+ * caller handles many rows of the other types by decoding W in panels (vl_dequantize) for a
+ * dense product.
  *
  * Threads: OpenMP, in the OpenMP runtime PyTorch already loaded (this library names the
  * same libgomp.so.1), so the kernels and PyTorch's own ops share one thread team. The

@@ -368,9 +368,8 @@ class FusedOps:
         lib.vl_rmsnorm_heads.argtypes = [ptr, i64, i64, i64, i64, ptr, f32]
         lib.vl_scale.argtypes = [ptr, i64, f32]
         lib.vl_gelu_tanh_mul.argtypes = [ptr, i64, i64, ptr]
-        for name in ("vl_add_rmsnorm", "vl_rope", "vl_silu_mul", "vl_copy_columns"):
-            getattr(lib, name).restype = None
-        for name in ("vl_rmsnorm_heads", "vl_scale", "vl_gelu_tanh_mul"):
+        returning_nothing = ("vl_add_rmsnorm", "vl_rope", "vl_silu_mul", "vl_copy_columns")
+        for name in (*returning_nothing, "vl_rmsnorm_heads", "vl_scale", "vl_gelu_tanh_mul"):
             getattr(lib, name).restype = None
         self._lib = lib
 

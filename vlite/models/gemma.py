@@ -144,35 +144,20 @@ class GemmaAttention(LlamaAttention):
         """``hidden`` ``[T, hidden_size]`` -> ``[T, hidden_size]``, rotated by ``rotation``
         (the step's positions in this layer's RoPE table)."""
         num_tokens = hidden.shape[0]
-        if self.native is not None and rotation.native is not None:
-            return self._forward_fused(rotation, hidden, kv_cache, metadata)
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], -1)
-        q = q.reshape(num_tokens, self.num_heads, self.head_dim)
-        k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.has_gemma_qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotation.rotate(q), rotation.rotate(k)
-        out = self.attend(q, k, v, kv_cache, metadata)  # [T, heads, head_dim]
-        return self.o_proj(out.reshape(num_tokens, self.q_size))
-
-    def _forward_fused(
-        self,
-        rotation: StepRotation,
-        hidden: torch.Tensor,
-        kv_cache: torch.Tensor,
-        metadata: AttentionMetadata,
-    ) -> torch.Tensor:
-        """:meth:`forward` with the q/k norms and RoPE in place on the qkv product."""
-        num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)  # [T, q_size + 2 kv_size]
-        if self.has_gemma_qk_norm:
-            q_norm, k_norm = self.q_norm, self.k_norm
-            self.norm_qk_heads_(
-                qkv, self.native, q_norm.fused_weight, k_norm.fused_weight, q_norm.eps
-            )
-        rotation.rotate_rows_(qkv, self.num_heads + self.num_kv_heads)
         q, k, v = self.split_heads(qkv)
+        if self.native is not None and rotation.native is not None:
+            # The q/k norms and RoPE in place on the qkv product, one C call each.
+            if self.has_gemma_qk_norm:
+                q_norm, k_norm = self.q_norm, self.k_norm
+                self.norm_qk_heads_(
+                    qkv, self.native, q_norm.fused_weight, k_norm.fused_weight, q_norm.eps
+                )
+            rotation.rotate_rows_(qkv, self.num_heads + self.num_kv_heads)
+        else:
+            if self.has_gemma_qk_norm:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = rotation.rotate(q), rotation.rotate(k)
         out = self.attend(q, k, v, kv_cache, metadata)  # [T, heads, head_dim]
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 

@@ -197,27 +197,22 @@ class LlamaAttention(nn.Module):
         positions."""
         num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)
-        v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k, v = self.split_heads(qkv)
         if self.has_qk_norm and self._norms_heads_in_place(rotation):
             norm = self.q_norm
             self.norm_qk_heads_(qkv, norm.native, norm.weight, self.k_norm.weight, norm.eps)
             rotation.rotate_rows_(qkv, self.num_heads + self.num_kv_heads)
-            q, k, v = self.split_heads(qkv)
         elif self.has_qk_norm:
-            q, k, _ = qkv.split([self.q_size, self.kv_size, self.kv_size], -1)
-            q = self.q_norm(q.view(num_tokens, self.num_heads, self.head_dim))
-            k = self.k_norm(k.reshape(num_tokens, self.num_kv_heads, self.head_dim))
+            q, k = self.q_norm(q), self.k_norm(k)
             if self.use_rope:
                 q, k = rotation.rotate(q), rotation.rotate(k)
-        elif not self.use_rope:
-            q, k, v = self.split_heads(qkv)
-        else:
+        elif self.use_rope:
             # Queries and keys are adjacent in qkv: one rotation for both.
             num_qk_heads = self.num_heads + self.num_kv_heads
-            qk = qkv[:, : self.q_size + self.kv_size].view(num_tokens, num_qk_heads, self.head_dim)
             if not rotation.rotate_rows_(qkv, num_qk_heads):
-                qk = rotation.rotate(qk)
-            q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+                qk = qkv[:, : self.q_size + self.kv_size]
+                qk = rotation.rotate(qk.view(num_tokens, num_qk_heads, self.head_dim))
+                q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         out = self.attend(q, k, v, kv_cache, metadata)  # [T, heads, head_dim]
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
