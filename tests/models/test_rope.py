@@ -144,3 +144,19 @@ def test_the_engine_holds_rotary_rows_for_its_context_only(tmp_path):
     model = llm.llm_engine.engine_core.executor.worker.runner.model
     tables = [m.cos_cache.shape[0] for m in model.modules() if isinstance(m, RotaryEmbedding)]
     assert tables == [96]
+
+
+def test_the_tables_keep_only_the_positions_the_kv_cache_holds(tmp_path):
+    from vlite import LLM, SamplingParams
+    from vlite.testing.tiny_models import make_tiny_model
+
+    folder = make_tiny_model(tmp_path, "LlamaForCausalLM")  # 512 positions
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    prompt = {"prompt_token_ids": list(range(3, 50))}  # 47 + 12 tokens: 4 blocks of 16
+    small = LLM(model=str(folder), max_model_len=96, num_kv_blocks=4)
+    model = small.llm_engine.engine_core.executor.worker.runner.model
+    tables = [m.cos_cache.shape[0] for m in model.modules() if isinstance(m, RotaryEmbedding)]
+    assert tables == [64]  # 4 blocks x 16 tokens, fewer than max_model_len
+    tokens = small.generate([prompt], params)[0].outputs[0].token_ids
+    large = LLM(model=str(folder), max_model_len=96, num_kv_blocks=16)
+    assert large.generate([prompt], params)[0].outputs[0].token_ids == tokens

@@ -169,6 +169,8 @@ class GGUFBlockFormat(WeightFormat):
             raise WeightFormatError(
                 f"cat_rows joins [N, K] matrices, got {[list(w.shape) for w in owned]}"
             )
+        if len(owned) == 1 and _owns_its_storage(owned[0].blocks):
+            return owned[0]  # one whole weight (a view of a mapped file, say): no copy
         blocks = torch.cat([w.blocks for w in owned])
         return GGUFBlockWeight(owned[0].qtype, blocks, owned[0].cols, self)
 
@@ -243,3 +245,10 @@ def _same_kind(weights: Sequence[QuantizedWeight], operation: str) -> list[GGUFB
 @hookimpl
 def register_weight_formats(register: Register) -> None:
     register(NAME, GGUFBlockFormat)
+
+
+def _owns_its_storage(blocks: torch.Tensor) -> bool:
+    """Whether ``blocks`` is the whole of its storage (so keeping it keeps nothing more
+    alive: not a row slice of a larger tensor)."""
+    whole = blocks.numel() * blocks.element_size()
+    return blocks.is_contiguous() and blocks.untyped_storage().nbytes() == whole
