@@ -189,8 +189,9 @@ class EngineCore:
             ),
         )
         #: Which weights stay quantized (``config.quantization`` for this model and device).
+        formats = registered_weight_formats(self.registry, config)
         self.quantization = self.model_spec.quantization_plan(
-            config.quantization, config.torch_device, registered_weight_formats(self.registry)
+            config.quantization, config.torch_device, formats
         )
         self.executor: Executor = executor_cls(config, self.registry)
         try:

@@ -136,6 +136,12 @@ class WeightFormat(ABC):
     tensor_types: ClassVar[frozenset[str]] = frozenset()
     description: ClassVar[str] = ""
 
+    def configure(self, config: Any) -> None:
+        """Read the engine's settings (a :class:`~vlite.core.config.VliteConfig`) before
+        loading or computing anything; called once per instance by
+        :func:`registered_weight_formats`. Default: nothing (plugin API 5)."""
+        return None
+
     def unavailable_reason(self, device: torch.device) -> str | None:
         """Why the format cannot compute on ``device`` here (no kernel for that device, a
         kernel that does not build), or ``None`` when it can. The plan then dequantizes what
@@ -252,13 +258,19 @@ def joinable(weights: Sequence[Any]) -> bool:
     )
 
 
-def registered_weight_formats(registry: Any) -> dict[str, WeightFormat]:
+def registered_weight_formats(registry: Any, config: Any = None) -> dict[str, WeightFormat]:
     """Every weight format ``registry`` (a :class:`~vlite.core.plugins.PluginRegistry`)
-    holds, constructed, name -> instance, in the order the quantization plan prefers them:
-    installed plugins' formats first (in the order they registered), vlite's built-in ones
-    last, so that an installed format replaces a built-in one for the types both take."""
+    holds, constructed (and given ``config``, a :class:`~vlite.core.config.VliteConfig`, by
+    :meth:`WeightFormat.configure` when one is passed), name -> instance, in the order the
+    quantization plan prefers them: installed plugins' formats first (in the order they
+    registered), vlite's built-in ones last, so that an installed format replaces a built-in
+    one for the types both take."""
     entries = [entry for entry in registry.entries() if entry.kind == "weight_format"]
     ordered = [e for e in entries if e.package != "vlite"] + [
         e for e in entries if e.package == "vlite"
     ]
-    return {entry.name: entry.obj() for entry in ordered}
+    formats = {entry.name: entry.obj() for entry in ordered}
+    if config is not None:
+        for weight_format in formats.values():
+            weight_format.configure(config)
+    return formats

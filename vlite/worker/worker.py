@@ -106,7 +106,9 @@ class Worker:
             self.config.block_size,
         )
         self.quantization = spec.quantization_plan(
-            self.config.quantization, self.device, registered_weight_formats(self.registry)
+            self.config.quantization,
+            self.device,
+            registered_weight_formats(self.registry, self.config),
         )
         model = build_model(
             spec.hf_config,

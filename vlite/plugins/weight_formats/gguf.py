@@ -16,6 +16,7 @@ and on machines where they cannot be built (:meth:`GGUFBlockFormat.unavailable_r
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -30,6 +31,18 @@ from vlite.core.weight_format import (
 from vlite.kernels.native import BLOCK_LAYOUTS, BlockLayout, gguf_block_kernels, unavailable_reason
 
 NAME = "gguf"
+
+#: Per value of the ``quantized_activations`` setting: type -> int8 digits its decode
+#: products quantize the activations to (absent: float32). 'auto' holds what passed the
+#: agreement oracle (``benchmarks/agreement.py``) and measured faster than float32 (the
+#: README's table says which and why).
+_INT8_TYPES = frozenset(BLOCK_LAYOUTS) - {"F16", "BF16"}
+ACTIVATION_DIGITS: dict[str, dict[str, int]] = {
+    "off": {},
+    "int8": dict.fromkeys(_INT8_TYPES, 1),
+    "int8x2": dict.fromkeys(_INT8_TYPES, 2),
+    "auto": dict.fromkeys(("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"), 2),
+}
 
 
 def block_layout(qtype: str) -> BlockLayout:
@@ -107,8 +120,9 @@ class GGUFBlockWeight(QuantizedWeight):
         if self._products is None:
             kernels = gguf_block_kernels()
             matrices = [self.blocks] if self.blocks.dim() == 2 else list(self.blocks)
+            digits = self._format.activation_digits.get(self.qtype, 0)
             self._products = [
-                kernels.product(self.qtype, blocks, blocks.shape[0], self.cols)
+                kernels.product(self.qtype, blocks, blocks.shape[0], self.cols, digits)
                 for blocks in matrices
             ]
         return self._products
@@ -118,7 +132,27 @@ class GGUFBlockFormat(WeightFormat):
     """GGUF's block-quantized types, computed by vlite's C kernels on the CPU."""
 
     tensor_types = frozenset(BLOCK_LAYOUTS)
-    description = "weight-only CPU kernels"
+
+    def configure(self, config: Any) -> None:
+        """Take ``config.quantized_activations`` (see :data:`ACTIVATION_DIGITS`)."""
+        self.activation_digits = ACTIVATION_DIGITS[config.quantized_activations]
+
+    #: Type -> int8 digits (1 or 2) of the activations its products of fewer than 32 rows
+    #: (decode steps) quantize to, with integer dot products; absent: float32 activations,
+    #: the exact path. Set from the engine's ``quantized_activations`` by :meth:`configure`.
+    activation_digits: dict[str, int] = {}  # replaced by configure, never mutated
+
+    @property
+    def description(self) -> str:
+        groups = {1: [], 2: []}
+        for tensor_type, digits in sorted(self.activation_digits.items()):
+            groups[digits].append(tensor_type)
+        parts = [
+            f"{name} activations for {', '.join(types)}"
+            for name, types in (("int8", groups[1]), ("int8x2", groups[2]))
+            if types
+        ]
+        return "CPU kernels; " + "; ".join(parts) if parts else "weight-only CPU kernels"
 
     def unavailable_reason(self, device: torch.device) -> str | None:
         device_type = torch.device(device).type
@@ -220,7 +254,7 @@ class GGUFBlockFormat(WeightFormat):
         return out
 
 
-#: The instance :attr:`GGUFBlockWeight.format` returns (the format keeps no state).
+#: The instance :attr:`GGUFBlockWeight.format` returns by default (float32 activations).
 GGUF_FORMAT = GGUFBlockFormat()
 
 
