@@ -479,3 +479,34 @@ def test_quantized_default_model_agrees_with_its_float32_path():
         first[quantization] = [o.outputs[0].token_ids[0] for o in outputs]
     agree = sum(a == b for a, b in zip(first["auto"], first["none"], strict=True))
     assert agree >= 198, f"{agree}/200 first tokens agree"
+
+
+def test_quantized_activations_reach_the_products_and_the_plan_line(tmp_path):
+    """``quantized_activations`` configures the built-in format: the plan's line names it,
+    the weights compute with it, and the logits move by the rounding it makes (one int8
+    digit far more than two)."""
+    folder = make_tiny_model(tmp_path / "hf", "LlamaForCausalLM", num_kv_heads=2)
+    path = write_tiny_gguf(folder, tmp_path / "tiny-q.gguf", quantize=("Q4_1", "Q8_0"))
+    prompts = [{"prompt_token_ids": [5, 6, 7, 8, 9]}, {"prompt_token_ids": [100, 3]}]
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=0)
+    digits = {"off": 0, "int8": 1, "int8x2": 2}
+    logprobs = {}
+    for setting in digits:
+        llm = LLM(model=str(path), quantized_activations=setting, num_kv_blocks=32)
+        line = llm.llm_engine.engine_core.quantization.describe(torch.float32)
+        assert (f"{setting} activations for Q4_1, Q8_0" in line) == (setting != "off"), line
+        model = llm.llm_engine.engine_core.executor.worker.runner.model
+        weight = model.model.layers[0].mlp.down_proj.quantized
+        assert weight.format.activation_digits.get("Q4_1", 0) == digits[setting]
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        logprobs[setting] = [
+            [next(iter(step.values())).logprob for step in o.outputs[0].logprobs] for o in outputs
+        ]
+    first = [
+        steps[0] for steps in logprobs["off"]
+    ]  # the prompts' last token: a decode-size product
+
+    def moved(setting):
+        return max(abs(a[0] - b) for a, b in zip(logprobs[setting], first, strict=True))
+
+    assert 0 < moved("int8x2") < moved("int8")

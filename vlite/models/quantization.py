@@ -124,17 +124,22 @@ class QuantizationPlan:
         for name in dict.fromkeys(self.format_names[t] for t in sorted(self.kept)):
             types = sorted(t for t in self.kept if self.format_names[t] == name)
             kept = ", ".join(f"{t} x{self.kept[t]}" for t in types)
-            groups.append(f"{kept} kept quantized ({self._label(name)})")
+            groups.append(f"{kept} kept quantized ({self._label(name, types)})")
         line = "GGUF " + "; ".join(groups)
         if self.dequantized:
             other = ", ".join(f"{n} x{c}" for n, c in sorted(self.dequantized.items()))
             line += f"; {other} dequantized to {dtype_name} (no kernel for these types)"
         return line
 
-    def _label(self, name: str) -> str:
-        description = getattr(self.weight_formats.get(name), "description", "")
+    def _label(self, name: str, types: list[str]) -> str:
+        weight_format = self.weight_formats.get(name)
+        description = getattr(weight_format, "description", "")
         if name == GGUF_FORMAT_NAME:
-            return description or f"weight format {name!r}"
+            activations = getattr(weight_format, "activations_line", None)
+            line = activations(types) if callable(activations) else ""
+            return (
+                "; ".join(part for part in (description, line) if part) or f"weight format {name!r}"
+            )
         return f"weight format {name!r}" + (f": {description}" if description else "")
 
 
