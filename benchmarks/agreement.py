@@ -11,6 +11,9 @@ costs instead.
     python benchmarks/agreement.py                               # 200 prompts, 64 tokens
     python benchmarks/agreement.py --num-prompts 50 --max-tokens 32
     python benchmarks/agreement.py --candidate quantization=none,dtype=bfloat16
+    python benchmarks/agreement.py --reference quantized_activations=off,max_num_seqs=8 \
+        --candidate quantized_activations=int8x2,max_num_seqs=8 \
+        --candidate quantized_activations=int8,max_num_seqs=8    # one reference, two candidates
 """
 
 from __future__ import annotations
@@ -80,21 +83,28 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=200)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--candidate", default="quantization=auto", help="KEY=VALUE,...")
+    parser.add_argument(
+        "--candidate",
+        action="append",
+        help="KEY=VALUE,... (repeat for several, each against the one reference; "
+        "default: quantization=auto)",
+    )
     parser.add_argument("--reference", default="quantization=none", help="KEY=VALUE,...")
     args = parser.parse_args()
     prompts = make_prompts(args.num_prompts, args.seed)
-    quantized = generate(prompts, args.max_tokens, parse_settings(args.candidate))
     reference = generate(prompts, args.max_tokens, parse_settings(args.reference))
-    print(f"candidate {args.candidate} vs reference {args.reference}")
-    first = sum(q[0] == r[0] for q, r in zip(quantized, reference))
-    prefixes = [identical_prefix(q, r) for q, r in zip(quantized, reference)]
-    full = sum(p == args.max_tokens for p in prefixes)
-    print(
-        f"{args.num_prompts} prompts, {args.max_tokens} greedy tokens: first token agrees "
-        f"{first}/{args.num_prompts} ({100 * first / args.num_prompts:.1f}%), mean identical "
-        f"prefix {sum(prefixes) / len(prefixes):.1f} tokens, {full} generations identical"
-    )
+    for candidate in args.candidate or ["quantization=auto"]:
+        outputs = generate(prompts, args.max_tokens, parse_settings(candidate))
+        print(f"candidate {candidate} vs reference {args.reference}")
+        first = sum(q[0] == r[0] for q, r in zip(outputs, reference))
+        prefixes = [identical_prefix(q, r) for q, r in zip(outputs, reference)]
+        full = sum(p == args.max_tokens for p in prefixes)
+        print(
+            f"{args.num_prompts} prompts, {args.max_tokens} greedy tokens: first token agrees "
+            f"{first}/{args.num_prompts} ({100 * first / args.num_prompts:.1f}%), mean "
+            f"identical prefix {sum(prefixes) / len(prefixes):.1f} tokens, {full} "
+            "generations identical"
+        )
 
 
 if __name__ == "__main__":

@@ -58,3 +58,31 @@ def test_kept_matrices_are_views_of_the_file_and_writing_one_leaves_the_file_alo
     assert q.blocks.data_ptr() not in file_pointers  # rows reordered: its own bytes
     down.blocks.zero_()  # copy-on-write: this process's pages only
     assert path.read_bytes() == original
+
+
+def test_views_a_layer_joined_into_a_fused_weight_are_let_go(tmp_path, monkeypatch):
+    from vlite import LLM
+
+    path = _tiny_file(tmp_path)
+    released: list[tuple[int, int]] = []
+    release = GGUFFile.release_bytes
+    monkeypatch.setattr(
+        GGUFFile,
+        "release_bytes",
+        lambda self, offset, n: (released.append((offset, n)), release(self, offset, n)),
+    )
+    LLM(model=str(path), num_kv_blocks=8)
+    tensors = {t.name: t for t in read_gguf(path).tensors}
+
+    def was_released(name):
+        t = tensors[name]
+        return any(o <= t.data_offset and t.data_offset + t.n_bytes <= o + n for o, n in released)
+
+    # v, gate and up were views, then copied into the fused qkv and gate_up weights
+    for name in ("blk.0.attn_v.weight", "blk.0.ffn_gate.weight", "blk.0.ffn_up.weight"):
+        assert tensors[name].tensor_type.name in KEEP
+        assert was_released(name), name
+    # down and o stay the weights themselves: the file's pages
+    for name in ("blk.0.ffn_down.weight", "blk.0.attn_output.weight"):
+        assert tensors[name].tensor_type.name in KEEP
+        assert not was_released(name), name

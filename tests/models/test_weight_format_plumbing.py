@@ -199,3 +199,15 @@ def test_plugin_api_3s_quantized_matrix_still_works():
     torch.testing.assert_close(matrix.matmul(x), x @ values.t(), rtol=1e-5, atol=1e-5)
     assert torch.equal(matrix.rows(torch.tensor([5, 1]), torch.float32), values[[5, 1]])
     assert torch.equal(matrix.narrow_rows(2, 3).dequantize(), values[2:5])
+
+
+def test_every_quantized_activations_setting_has_the_formats_digits():
+    from typing import get_args
+
+    from vlite.core.config import VliteConfig
+    from vlite.plugins.weight_formats.gguf import ACTIVATION_DIGITS
+
+    choices = get_args(VliteConfig.model_fields["quantized_activations"].annotation)
+    assert set(choices) == set(ACTIVATION_DIGITS)
+    assert ACTIVATION_DIGITS["off"] == {}
+    assert set(ACTIVATION_DIGITS["auto"].values()) <= {1, 2}

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import functools
 import mmap
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,18 +88,25 @@ class GGUFFile:
     metadata: Mapping[str, Any]
     tensors: tuple[gguf.ReaderTensor, ...]
     mapping: Any = None
+    address: int = 0
 
     def release_pages(self, tensor: gguf.ReaderTensor) -> None:
         """Drop the pages of ``tensor``'s bytes from this process's resident memory (they
         stay in the OS page cache and are read again if touched). The loader calls it once
         a tensor is copied or decoded, so a file's pages and their copies are not resident
         together; the matrices kept in their blocks are views of the map and keep theirs
-        (the weights are the file's pages: no second copy)."""
+        (the weights are the file's pages: no second copy) until a layer copies them."""
+        self.release_bytes(int(tensor.data_offset), int(tensor.n_bytes))
+
+    def release_bytes(self, offset: int, num_bytes: int) -> None:
+        """:meth:`release_pages` for bytes ``offset .. offset + num_bytes`` of the file (the
+        whole pages among them). The map is private and never written, so a page let go
+        that is read again is read from the file: releasing is always safe."""
         if self.mapping is None or not hasattr(mmap, "MADV_DONTNEED"):
             return
         page = mmap.PAGESIZE
-        first = -(-int(tensor.data_offset) // page) * page
-        end = (int(tensor.data_offset) + int(tensor.n_bytes)) // page * page
+        first = -(-offset // page) * page
+        end = (offset + num_bytes) // page * page
         if end > first:
             self.mapping.madvise(mmap.MADV_DONTNEED, first, end - first)
 
@@ -151,7 +159,7 @@ def _read_gguf(path: Path, size: int, mtime_ns: int) -> GGUFFile:
         header = read_header(path, max_array_len=_MAX_KEPT_ARRAY_LEN)
     except GGUFHeaderError as error:
         raise ValueError(f"{path} is not a readable GGUF file: {error}") from error
-    return GGUFFile(path, header.metadata, header.tensors, header.mapping)
+    return GGUFFile(path, header.metadata, header.tensors, header.mapping, header.address)
 
 
 # ---- weights ----------------------------------------------------------------------------
@@ -204,9 +212,40 @@ def raw_rows(data: np.ndarray, rows: int) -> torch.Tensor:
     :meth:`~vlite.core.weight_format.WeightFormat.load` takes): a view of ``data`` when it
     is contiguous and writable (a tensor of :func:`read_gguf`'s copy-on-write map: the
     file's pages, no second copy), else a copy."""
-    if data.flags.c_contiguous and data.flags.writeable:
-        return torch.from_numpy(data.view(np.uint8).reshape(rows, -1))
+    view = _rows_view(data, rows)
+    if view is not None:
+        return torch.from_numpy(view)
     return torch.from_numpy(np.array(data, copy=True).view(np.uint8).reshape(rows, -1))
+
+
+def _rows_view(data: np.ndarray, rows: int) -> np.ndarray | None:
+    """``data``'s bytes as a new ``uint8`` view ``[rows, row_bytes]``, or ``None`` where a
+    view cannot be handed out (not contiguous, or read-only)."""
+    if data.flags.c_contiguous and data.flags.writeable:
+        return data.view(np.uint8).reshape(rows, -1)
+    return None
+
+
+class _MappedViews:
+    """The views of a file's map the loader handed out; once nothing holds one any more (a
+    layer joined it into a fused weight: a copy), its pages are let go."""
+
+    def __init__(self, gguf_file: GGUFFile) -> None:
+        self.gguf_file = gguf_file
+        self.held: list[tuple[int, int, weakref.ref]] = []
+
+    def track(self, view: np.ndarray) -> None:
+        offset = int(view.ctypes.data) - self.gguf_file.address
+        self.held.append((offset, int(view.nbytes), weakref.ref(view)))
+
+    def release_dropped(self) -> None:
+        still_held = []
+        for offset, num_bytes, view in self.held:
+            if view() is None:
+                self.gguf_file.release_bytes(offset, num_bytes)
+            else:
+                still_held.append((offset, num_bytes, view))
+        self.held = still_held
 
 
 def block_tensor(tensor: gguf.ReaderTensor) -> QuantizedWeight:
@@ -253,14 +292,16 @@ def iter_gguf_weights(
     is_permuted = gguf_file.architecture in PERMUTED_QK_ARCHITECTURES
     norms_shifted = gguf_file.architecture in SHIFTED_NORM_ARCHITECTURES
     tensors = tqdm(gguf_file.tensors, desc="Loading GGUF", unit="tensor", disable=not show_progress)
+    views = _MappedViews(gguf_file)
     for tensor in tensors:
+        views.release_dropped()  # what a layer copied since (its fused q/k/v, gate/up)
         keeps_file_pages = False
         try:
             weight_format = keep.get(tensor.tensor_type.name)
             experts = expert_tensor(tensor.name)
             if experts is not None:
                 keeps_file_pages = weight_format is not None
-                yield from _expert_weights(tensor, experts, name_of, weight_format)
+                yield from _expert_weights(tensor, experts, name_of, weight_format, views)
                 continue
             name = name_of(tensor.name)
             projection = name.rsplit(".", 2)[-2]
@@ -268,7 +309,7 @@ def iter_gguf_weights(
             if weight_format is not None and len(tensor.shape) == 2:
                 # kept as the file's bytes (a view of the map) unless its rows move
                 keeps_file_pages = num_heads is None
-                yield name, _load_quantized(tensor, tensor.data, weight_format, num_heads)
+                yield name, _load_quantized(tensor, tensor.data, weight_format, num_heads, views)
                 continue
             weight = dequantize_tensor(tensor)
             if num_heads is not None:
@@ -281,6 +322,7 @@ def iter_gguf_weights(
         finally:
             if not keeps_file_pages:
                 gguf_file.release_pages(tensor)  # its bytes are copied or decoded: off our RSS
+    views.release_dropped()
 
 
 def tensor_namer(model_cls: type) -> TensorNamer:
@@ -304,14 +346,21 @@ def _load_quantized(
     data: np.ndarray,
     weight_format: WeightFormat,
     num_heads: int | None = None,
+    views: _MappedViews | None = None,
 ) -> QuantizedWeight:
     """One matrix of ``tensor`` (``data``: its bytes, or one expert's) loaded by
     ``weight_format``, its Q/K rows unpermuted first when ``num_heads`` is given (whole rows
-    move: their bytes follow)."""
+    move: their bytes follow). A view of the map handed out is tracked by ``views``."""
     rows, cols = _hf_shape(tensor)[-2:]
-    raw = raw_rows(data, rows)
-    if num_heads is not None:
-        raw = unpermute_qk(raw, num_heads).contiguous()
+    view = _rows_view(data, rows) if num_heads is None else None
+    if view is None:
+        raw = raw_rows(data, rows)
+        if num_heads is not None:
+            raw = unpermute_qk(raw, num_heads).contiguous()
+    else:
+        raw = torch.from_numpy(view)
+        if views is not None:
+            views.track(view)
     return weight_format.load(tensor.tensor_type.name, raw, (rows, cols))
 
 
@@ -326,19 +375,21 @@ def _expert_weights(
     experts: ExpertTensor,
     name_of: TensorNamer,
     weight_format: WeightFormat | None,
+    views: _MappedViews | None = None,
 ) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
     """The Hugging Face-named matrices of one expert tensor (stacked or one expert's),
     quantized by ``weight_format`` when one is given."""
     if experts.expert is not None:
         if weight_format is not None:
-            yield name_of(tensor.name), _load_quantized(tensor, tensor.data, weight_format)
+            weight = _load_quantized(tensor, tensor.data, weight_format, views=views)
+            yield name_of(tensor.name), weight
         else:
             yield name_of(tensor.name), dequantize_tensor(tensor)
         return
     for expert in range(_hf_shape(tensor)[0]):
         name = name_of(tensor.name, expert=expert)
         if weight_format is not None:
-            yield name, _load_quantized(tensor, tensor.data[expert], weight_format)
+            yield name, _load_quantized(tensor, tensor.data[expert], weight_format, views=views)
         else:
             yield name, dequantize_expert(tensor, expert)
 

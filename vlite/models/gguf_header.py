@@ -74,12 +74,14 @@ class GGUFHeader:
             ``data`` is a read-only view of the map: the element type for F32/F16/...,
             ``uint8`` rows of blocks (``[..., row_bytes]``) for quantized types.
         mapping: the file's ``mmap.mmap`` (for ``madvise``).
+        address: where the map's first byte is in this process's memory.
     """
 
     metadata: dict[str, Any]
     skipped_arrays: dict[str, int]
     tensors: tuple[gguf.ReaderTensor, ...]
     mapping: Any
+    address: int
 
 
 class _Cursor:
@@ -190,7 +192,7 @@ def _read(cursor: _Cursor, buffer: np.ndarray, mapping: Any, max_array_len: int)
         raise GGUFHeaderError(f"general.alignment {alignment} is not a power of two")
     data_start = -(-cursor.offset // alignment) * alignment
     tensors = tuple(_tensor(buffer, data_start, *info) for info in infos)
-    return GGUFHeader(metadata, skipped, tensors, mapping)
+    return GGUFHeader(metadata, skipped, tensors, mapping, int(buffer.ctypes.data))
 
 
 def _tensor_info(cursor: _Cursor) -> tuple[str, np.ndarray, gguf.GGMLQuantizationType, int]:

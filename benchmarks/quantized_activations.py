@@ -1,0 +1,84 @@
+"""Decode-size products per GGUF type: float32 activations against int8 and int8x2.
+
+For each quantized type the C kernels take, a random matrix of that type (``--shape N K``,
+default 2048 x 1536) multiplied by ``--rows`` rows of random activations through
+``GGUFBlockKernels.product`` with ``activation_digits`` 0 (float32), 1 (``int8``) and 2
+(``int8x2``): the three alternate call by call, ``--repeats`` times each, and the best time
+of each is kept. Prints one row per type and row count: the times and each quantized mode's
+speed against float32. What ``quantized_activations=auto`` was chosen from (README,
+"Quantized activations"); run it on a quiet machine.
+
+    python benchmarks/quantized_activations.py                     # 1 and 8 rows, 2 threads
+    python benchmarks/quantized_activations.py --rows 1 --types Q4_K Q6_K --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+
+import numpy as np
+import torch
+
+from vlite.kernels.native import BLOCK_LAYOUTS, gguf_block_kernels
+from vlite.testing.tiny_gguf import random_quantized_matrix
+
+QUANTIZED_TYPES = sorted(set(BLOCK_LAYOUTS) - {"F16", "BF16"})
+MODES = {"float32": 0, "int8": 1, "int8x2": 2}
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--types", nargs="+", default=QUANTIZED_TYPES, choices=QUANTIZED_TYPES)
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 8], help="rows of x")
+    parser.add_argument("--shape", type=int, nargs=2, default=[2048, 1536], metavar=("N", "K"))
+    parser.add_argument("--repeats", type=int, default=50, help="calls per mode (best kept)")
+    parser.add_argument("--threads", type=int, default=2)
+    return parser.parse_args()
+
+
+def best_times(products: dict, x: torch.Tensor, repeats: int) -> dict[str, float]:
+    """Each product's best wall time over ``repeats`` calls, the modes alternating."""
+    best = dict.fromkeys(products, float("inf"))
+    for product in products.values():
+        product(x)  # warm-up
+    for _ in range(repeats):
+        for mode, product in products.items():
+            start = time.perf_counter()
+            product(x)
+            best[mode] = min(best[mode], time.perf_counter() - start)
+    return best
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    kernels = gguf_block_kernels()
+    rows, cols = args.shape
+    print(f"{platform.processor() or platform.machine()}, {args.threads} threads, {rows} x {cols}")
+    print("| type | rows | float32 µs | int8 µs | int8x2 µs | int8 / float32 | int8x2 / float32 |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    rng = np.random.default_rng(0)
+    for qtype in args.types:
+        if not kernels.has_int8(qtype):
+            print(f"| {qtype} | — | no int8 kernels in this build (needs AVX2) |")
+            continue
+        blocks = torch.from_numpy(random_quantized_matrix(qtype, rows, cols, rng).copy())
+        products = {
+            mode: kernels.product(qtype, blocks, rows, cols, digits)
+            for mode, digits in MODES.items()
+        }
+        for num_rows in args.rows:
+            x = torch.randn(num_rows, cols, generator=torch.Generator().manual_seed(num_rows))
+            best = best_times(products, x, args.repeats)
+            us = {mode: 1e6 * t for mode, t in best.items()}
+            print(
+                f"| {qtype} | {num_rows} | {us['float32']:.0f} | {us['int8']:.0f} | "
+                f"{us['int8x2']:.0f} | {best['float32'] / best['int8']:.2f}x | "
+                f"{best['float32'] / best['int8x2']:.2f}x |"
+            )
+
+
+if __name__ == "__main__":
+    main()
