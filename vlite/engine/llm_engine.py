@@ -41,8 +41,11 @@ class LLMEngine:
     ) -> None:
         self.config = config
         self.model_spec = model_spec = ModelSpec.from_config(config)
-        self.engine_core = EngineCore(config, model_spec, registry)
+        # The tokenizer first: building a large vocabulary's (Gemma 3's 262,144 tokens) peaks
+        # at a few hundred MiB it then frees, which would otherwise come on top of the
+        # weights the engine has touched by then.
         self.tokenizer = tokenizer if tokenizer is not None else model_spec.load_tokenizer()
+        self.engine_core = EngineCore(config, model_spec, registry)
         validate = StructuredOutputValidator(
             config.structured_outputs_backend, self.engine_core.registry
         )
