@@ -122,7 +122,7 @@ class Worker:
             tp_group=self.tp_group,
             pp_group=self.pp_group,
         )
-        limit_rotary_positions(model, spec.max_model_len)
+        limit_rotary_positions(model, self.longest_sequence())
         if self.device.type == "cuda" and hasattr(model, "use_fused_ops"):
             model.use_fused_ops(load_fused_ops(self.device))  # one kernel per norm, RoPE, SwiGLU
         sampler = self.registry.get("sampler", self.config.sampler)()
@@ -191,6 +191,23 @@ class Worker:
             )
         return min(budget_blocks, self.needed_kv_blocks())
 
+    def longest_sequence(self) -> int:
+        """The most positions a sequence can reach (what the RoPE tables keep):
+        ``max_model_len``, or the cache's size when ``num_kv_blocks`` or ``kv_cache_tokens``
+        sets it smaller, since a sequence then never outgrows the cache (a one-prompt
+        ``vlite run`` of Gemma 3 drops 64 MiB of tables for 32,768 positions) - unless every
+        layer slides a window, whose blocks are released as the sequence goes on."""
+        limit = self.model_spec.max_model_len
+        windows = self.model_spec.sliding_windows
+        if windows and all(window is not None for window in windows):
+            return limit
+        block_size = self.config.block_size
+        if self.config.num_kv_blocks is not None:
+            return min(limit, self.config.num_kv_blocks * block_size)
+        if self.config.kv_cache_tokens is not None:
+            return min(limit, -(-self.config.kv_cache_tokens // block_size) * block_size)
+        return limit
+
     def needed_kv_blocks(self) -> int:
         """The blocks ``kv_cache_tokens`` need, or by default every one of ``max_num_seqs``
         sequences at ``max_model_len`` tokens."""
@@ -212,14 +229,8 @@ class Worker:
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Allocate the KV cache; then capture the decode forward (CUDA graphs on CUDA, the
-        C calls on the CPU) and print what that cost, or why there is none.
-
-        No sequence outgrows the cache, so the RoPE tables keep only the positions
-        ``num_blocks`` blocks hold (a one-prompt ``vlite run`` of Gemma 3 drops 64 MiB of
-        tables for 32,768 positions)."""
+        C calls on the CPU) and print what that cost, or why there is none."""
         self.runner.initialize_kv_cache(num_blocks, self.dtype)
-        cache_tokens = num_blocks * self.config.block_size
-        limit_rotary_positions(self.runner.model, min(self.model_spec.max_model_len, cache_tokens))
         if self.config.enforce_eager:
             return
         if self.device.type == "cpu":
