@@ -43,9 +43,9 @@ ACTIVATION_DIGITS: dict[str, dict[str, int]] = {
     "int8x2": dict.fromkeys(_INT8_TYPES, 2),
     # int8x2 agreed with float32 on 200/200 first tokens for every file of the README's
     # type matrix (int8: 187/200 on the default model). One row of activations, against
-    # float32 on an AVX2 EPYC: 1.1x (Q5_0) to 1.7x (Q5_K); at 8 rows 0.9x-1.0x. Q4_0/Q4_1/
-    # Q8_0, whose register tiles decode almost for free, were 1.0-1.1x at one row and
-    # 0.7-0.8x at 8: they keep float32.
+    # float32 on an AVX2 EPYC: 1.2x (IQ4_NL) to 1.9x (Q5_K); at 8 rows 0.85x-1.15x. Q4_0/
+    # Q4_1/Q8_0, whose register tiles decode almost for free, were 1.0-1.1x at one row and
+    # 0.8-0.9x at 8: they keep float32 (benchmarks/quantized_activations.py).
     "auto": dict.fromkeys(
         ("Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"), 2
     ),
