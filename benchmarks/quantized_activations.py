@@ -4,9 +4,9 @@ For each quantized type the C kernels take, a random matrix of that type (``--sh
 default 2048 x 1536) multiplied by ``--rows`` rows of random activations through
 ``GGUFBlockKernels.product`` with ``activation_digits`` 0 (float32), 1 (``int8``) and 2
 (``int8x2``): the three alternate call by call, ``--repeats`` times each, and the best time
-of each is kept. Prints one row per type and row count: the times and each quantized mode's
-speed against float32. What ``quantized_activations=auto`` was chosen from (README,
-"Quantized activations"); run it on a quiet machine.
+and median of each are kept. Prints one row per type and row count: the best times and each
+quantized mode's speed against float32, best (median). What ``quantized_activations=auto``
+was chosen from (README, "Quantized activations"); run it on a quiet machine.
 
     python benchmarks/quantized_activations.py                     # 1 and 8 rows, 2 threads
     python benchmarks/quantized_activations.py --rows 1 --types Q4_K Q6_K --threads 1
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import platform
+import statistics
 import time
 
 import numpy as np
@@ -38,17 +39,22 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def best_times(products: dict, x: torch.Tensor, repeats: int) -> dict[str, float]:
-    """Each product's best wall time over ``repeats`` calls, the modes alternating."""
-    best = dict.fromkeys(products, float("inf"))
+def call_times(products: dict, x: torch.Tensor, repeats: int) -> dict[str, list[float]]:
+    """Each product's wall times over ``repeats`` calls, the modes alternating."""
+    times: dict[str, list[float]] = {mode: [] for mode in products}
     for product in products.values():
         product(x)  # warm-up
     for _ in range(repeats):
         for mode, product in products.items():
             start = time.perf_counter()
             product(x)
-            best[mode] = min(best[mode], time.perf_counter() - start)
-    return best
+            times[mode].append(time.perf_counter() - start)
+    return times
+
+
+def ratio(best: dict[str, float], median: dict[str, float], mode: str) -> str:
+    """``mode``'s speed against float32: ``"1.40x (1.35x)"``, best (median)."""
+    return f"{best['float32'] / best[mode]:.2f}x ({median['float32'] / median[mode]:.2f}x)"
 
 
 def main() -> None:
@@ -57,7 +63,10 @@ def main() -> None:
     kernels = gguf_block_kernels()
     rows, cols = args.shape
     print(f"{platform.processor() or platform.machine()}, {args.threads} threads, {rows} x {cols}")
-    print("| type | rows | float32 µs | int8 µs | int8x2 µs | int8 / float32 | int8x2 / float32 |")
+    print(
+        "| type | rows | float32 µs | int8 µs | int8x2 µs | int8 / float32 best (median) "
+        "| int8x2 / float32 best (median) |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|")
     rng = np.random.default_rng(0)
     for qtype in args.types:
@@ -71,12 +80,13 @@ def main() -> None:
         }
         for num_rows in args.rows:
             x = torch.randn(num_rows, cols, generator=torch.Generator().manual_seed(num_rows))
-            best = best_times(products, x, args.repeats)
-            us = {mode: 1e6 * t for mode, t in best.items()}
+            times = call_times(products, x, args.repeats)
+            best = {mode: min(t) for mode, t in times.items()}
+            median = {mode: statistics.median(t) for mode, t in times.items()}
             print(
-                f"| {qtype} | {num_rows} | {us['float32']:.0f} | {us['int8']:.0f} | "
-                f"{us['int8x2']:.0f} | {best['float32'] / best['int8']:.2f}x | "
-                f"{best['float32'] / best['int8x2']:.2f}x |"
+                f"| {qtype} | {num_rows} | {1e6 * best['float32']:.0f} | "
+                f"{1e6 * best['int8']:.0f} | {1e6 * best['int8x2']:.0f} | "
+                f"{ratio(best, median, 'int8')} | {ratio(best, median, 'int8x2')} |"
             )
 
 
