@@ -12,7 +12,7 @@ costs instead.
     python benchmarks/agreement.py --num-prompts 50 --max-tokens 32
     python benchmarks/agreement.py --candidate quantization=none,dtype=bfloat16
     python benchmarks/agreement.py --reference quantized_activations=off,max_num_seqs=8 \
-        --candidate quantized_activations=int8x2,max_num_seqs=8 \
+        --candidate quantized_activations=int16,max_num_seqs=8 \
         --candidate quantized_activations=int8,max_num_seqs=8    # one reference, two candidates
 """
 

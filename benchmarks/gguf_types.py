@@ -4,8 +4,11 @@ For each GGUF file (``--files``, or every ``*.gguf`` in ``--dir``), runs
 ``single_stream.py --engines vlite llama.cpp`` on it (fresh processes, alternated rounds,
 best and median, the quiet check: see ``harness.py``) and collects one row per file: the
 tensor types it holds, each engine's best and median output tokens/s, the ratio, and each
-engine's peak RSS (the trial process's maximum resident set). Prints a markdown table and
-writes a PNG chart (``--plot``) and every number as JSON (``--json``).
+engine's peak RSS (the trial process's maximum resident set). With ``--prefill-len N`` (512;
+0 leaves it out) a second run per file times the prefill of an N-token prompt the same way
+(``--prompt-len N --output-len 1``: prompt tokens / wall time of the generation, its one
+output token included, as llama.cpp's ``llama-bench -p`` counts a prompt's tokens). Prints
+a markdown table and writes a PNG chart (``--plot``) and every number as JSON (``--json``).
 
 ``--make-from FILE --llama-cpp DIR`` first writes the files: FILE requantized by llama.cpp's
 ``llama-quantize`` (``DIR/build/bin/llama-quantize``, ``--allow-requantize``) to each of
@@ -63,6 +66,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3, help="alternated rounds per file")
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument(
+        "--prefill-len", type=int, default=512, help="prompt tokens of the prefill run (0: none)"
+    )
     parser.add_argument("--json", type=Path, help="write every row as JSON")
     parser.add_argument("--plot", type=Path, help="write a bar chart (needs matplotlib)")
     return parser.parse_args()
@@ -94,7 +100,23 @@ def tensor_types(path: Path) -> str:
 
 
 def run_file(path: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """single_stream.py on one file; its summaries for vlite and llama.cpp."""
+    """One stream (and a prefill run, unless ``--prefill-len 0``) on one file."""
+    row = {"file": path.name, "types": tensor_types(path)}
+    row["engines"] = single_stream(path, args, args.prompt_len, args.output_len)
+    if args.prefill_len:
+        prefill = single_stream(path, args, args.prefill_len, 1)
+        row["prefill"] = {
+            engine: {key: summary[key] * args.prefill_len for key in ("best", "median")}
+            for engine, summary in prefill.items()
+            if summary.get("best")
+        }
+    return row
+
+
+def single_stream(
+    path: Path, args: argparse.Namespace, prompt_len: int, output_len: int
+) -> dict[str, dict[str, Any]]:
+    """``single_stream.py`` on one file: each engine's summary (output tokens/s, RSS)."""
     with tempfile.TemporaryDirectory() as scratch:
         result_file = Path(scratch) / "result.json"
         command = [
@@ -110,37 +132,43 @@ def run_file(path: Path, args: argparse.Namespace) -> dict[str, Any]:
             "--rounds",
             str(args.rounds),
             "--prompt-len",
-            str(args.prompt_len),
+            str(prompt_len),
             "--output-len",
-            str(args.output_len),
+            str(output_len),
             "--json",
             str(result_file),
         ]
         print(" ".join(command), flush=True)
         subprocess.run(command, check=True)
         result = json.loads(result_file.read_text())
-    rows = {row["engine"]: row for row in result["summary"]}
-    return {"file": path.name, "types": tensor_types(path), "engines": rows}
+    return {row["engine"]: row for row in result["summary"]}
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     print(
         "\n| file | types | vlite best / median tok/s | llama.cpp best / median | vlite/llama.cpp "
-        "(best, median) | peak RSS MiB vlite / llama.cpp |"
+        "(best, median) | prefill tok/s vlite / llama.cpp (best) | prefill ratio (best, median) "
+        "| peak RSS MiB vlite / llama.cpp |"
     )
-    print("|---|---|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         v, p = row["engines"].get("vlite", {}), row["engines"].get("llama.cpp", {})
-        ratio = (
-            f"{v['best'] / p['best']:.2f}x, {v['median'] / p['median']:.2f}x"
-            if v.get("best") and p.get("best")
-            else "n/a"
+        pv, pp = (
+            row.get("prefill", {}).get("vlite", {}),
+            row.get("prefill", {}).get("llama.cpp", {}),
         )
         print(
             f"| {row['file']} | {row['types']} | {_rate(v, 'best')} / {_rate(v, 'median')} | "
-            f"{_rate(p, 'best')} / {_rate(p, 'median')} | {ratio} | "
+            f"{_rate(p, 'best')} / {_rate(p, 'median')} | {_ratio(v, p)} | "
+            f"{_rate(pv, 'best', 0)} / {_rate(pp, 'best', 0)} | {_ratio(pv, pp)} | "
             f"{_rate(v, 'peak_rss_mib', 0)} / {_rate(p, 'peak_rss_mib', 0)} |"
         )
+
+
+def _ratio(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
+    if not (ours.get("best") and theirs.get("best")):
+        return "n/a"
+    return f"{ours['best'] / theirs['best']:.2f}x, {ours['median'] / theirs['median']:.2f}x"
 
 
 def _rate(row: dict[str, Any], key: str, digits: int = 1) -> str:
@@ -151,25 +179,28 @@ def _rate(row: dict[str, Any], key: str, digits: int = 1) -> str:
 def save_plot(path: Path, rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     plt = harness.import_pyplot()
     names = [row["file"].removesuffix(".gguf") for row in rows]
-    fig, (speed, memory) = plt.subplots(2, 1, figsize=(max(8, len(rows) * 0.9), 8))
+    panels = [
+        ("best output tok/s", lambda row, engine: row["engines"].get(engine, {}).get("best")),
+        ("peak RSS (MiB)", lambda row, engine: row["engines"].get(engine, {}).get("peak_rss_mib")),
+    ]
+    if any("prefill" in row for row in rows):
+        panels.insert(
+            1,
+            (
+                f"prefill of {args.prefill_len} tokens, best prompt tok/s",
+                lambda row, engine: row.get("prefill", {}).get(engine, {}).get("best"),
+            ),
+        )
+    fig, axes = plt.subplots(len(panels), 1, figsize=(max(8, len(rows) * 0.9), 4 * len(panels)))
     width = 0.4
-    for offset, engine in ((-width / 2, "vlite"), (width / 2, "llama.cpp")):
-        xs = [i + offset for i in range(len(rows))]
-        speed.bar(
-            xs, [r["engines"].get(engine, {}).get("best") or 0 for r in rows], width, label=engine
-        )
-        memory.bar(
-            xs,
-            [r["engines"].get(engine, {}).get("peak_rss_mib") or 0 for r in rows],
-            width,
-            label=engine,
-        )
-    speed.set_ylabel("best output tok/s")
-    memory.set_ylabel("peak RSS (MiB)")
-    for axis in (speed, memory):
+    for axis, (label, value) in zip(axes, panels):
+        for offset, engine in ((-width / 2, "vlite"), (width / 2, "llama.cpp")):
+            xs = [i + offset for i in range(len(rows))]
+            axis.bar(xs, [value(row, engine) or 0 for row in rows], width, label=engine)
+        axis.set_ylabel(label)
         axis.set_xticks(range(len(rows)), names, rotation=30, ha="right", fontsize=8)
         axis.legend()
-    speed.set_title(
+    axes[0].set_title(
         f"one stream, {args.prompt_len}+{args.output_len} tokens, {args.threads} threads, "
         f"{harness.cpu_model()}"
     )

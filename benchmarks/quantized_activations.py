@@ -1,9 +1,9 @@
-"""Decode-size products per GGUF type: float32 activations against int8 and int8x2.
+"""Decode-size products per GGUF type: float32 activations against int8 and int16.
 
 For each quantized type the C kernels take, a random matrix of that type (``--shape N K``,
 default 2048 x 1536) multiplied by ``--rows`` rows of random activations through
-``GGUFBlockKernels.product`` with ``activation_digits`` 0 (float32), 1 (``int8``) and 2
-(``int8x2``): the three alternate call by call, ``--repeats`` times each, and the best time
+``GGUFBlockKernels.product`` with ``activations`` ``"float32"``, ``"int8"`` and ``"int16"``:
+the three alternate call by call, ``--repeats`` times each, and the best time
 and median of each are kept. Prints one row per type and row count: the best times and each
 quantized mode's speed against float32, best (median). What ``quantized_activations=auto``
 was chosen from (README, "Quantized activations"); run it on a quiet machine.
@@ -26,7 +26,7 @@ from vlite.kernels.native import BLOCK_LAYOUTS, gguf_block_kernels
 from vlite.testing.tiny_gguf import random_quantized_matrix
 
 QUANTIZED_TYPES = sorted(set(BLOCK_LAYOUTS) - {"F16", "BF16"})
-MODES = {"float32": 0, "int8": 1, "int8x2": 2}
+MODES = ("float32", "int8", "int16")
 
 
 def parse_args() -> argparse.Namespace:
@@ -64,20 +64,17 @@ def main() -> None:
     rows, cols = args.shape
     print(f"{platform.processor() or platform.machine()}, {args.threads} threads, {rows} x {cols}")
     print(
-        "| type | rows | float32 µs | int8 µs | int8x2 µs | int8 / float32 best (median) "
-        "| int8x2 / float32 best (median) |"
+        "| type | rows | float32 µs | int8 µs | int16 µs | int8 / float32 best (median) "
+        "| int16 / float32 best (median) |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|")
     rng = np.random.default_rng(0)
     for qtype in args.types:
-        if not kernels.has_int8(qtype):
-            print(f"| {qtype} | — | no int8 kernels in this build (needs AVX2) |")
+        if not kernels.has_quantized_activations(qtype):
+            print(f"| {qtype} | — | no integer kernels in this build (needs AVX2) |")
             continue
         blocks = torch.from_numpy(random_quantized_matrix(qtype, rows, cols, rng).copy())
-        products = {
-            mode: kernels.product(qtype, blocks, rows, cols, digits)
-            for mode, digits in MODES.items()
-        }
+        products = {mode: kernels.product(qtype, blocks, rows, cols, mode) for mode in MODES}
         for num_rows in args.rows:
             x = torch.randn(num_rows, cols, generator=torch.Generator().manual_seed(num_rows))
             times = call_times(products, x, args.repeats)
@@ -85,8 +82,8 @@ def main() -> None:
             median = {mode: statistics.median(t) for mode, t in times.items()}
             print(
                 f"| {qtype} | {num_rows} | {1e6 * best['float32']:.0f} | "
-                f"{1e6 * best['int8']:.0f} | {1e6 * best['int8x2']:.0f} | "
-                f"{ratio(best, median, 'int8')} | {ratio(best, median, 'int8x2')} |"
+                f"{1e6 * best['int8']:.0f} | {1e6 * best['int16']:.0f} | "
+                f"{ratio(best, median, 'int8')} | {ratio(best, median, 'int16')} |"
             )
 
 

@@ -9,6 +9,12 @@ LM head costs what it costs in the real model).
     python benchmarks/random_model.py llama-1b /tmp/llama-1b
     python benchmarks/random_model.py llama-8b /tmp/llama-8b --config-only  # vlite's dummy load
     python benchmarks/throughput.py --model /tmp/llama-1b --device cuda --threads 1
+
+``--gguf FILE`` also writes the folder as an F16 GGUF file, laid out as llama.cpp's converter
+lays it out (the tokenizer padded with unused tokens to the config's vocabulary), for the
+GGUF benchmarks: ``benchmarks/gguf_types.py --make-from FILE`` requantizes it to each type.
+
+    python benchmarks/random_model.py llama-1b /tmp/llama-1b --gguf /tmp/llama-1b-F16.gguf
 """
 
 from __future__ import annotations
@@ -119,8 +125,15 @@ def main() -> None:
         action="store_true",
         help="write no weights (for vlite with --load-format dummy; the peers need weights)",
     )
+    parser.add_argument("--gguf", type=Path, help="also write the model as this F16 GGUF file")
     args = parser.parse_args()
+    if args.gguf and args.config_only:
+        parser.error("--gguf needs the weights: leave out --config-only")
     print(write_random_model(args.shape, args.path, args.seed, args.config_only))
+    if args.gguf:
+        from vlite.testing.tiny_gguf import write_tiny_gguf
+
+        print(write_tiny_gguf(args.path, args.gguf, float_type="F16"))
 
 
 if __name__ == "__main__":

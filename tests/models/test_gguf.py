@@ -483,21 +483,21 @@ def test_quantized_default_model_agrees_with_its_float32_path():
 
 def test_quantized_activations_reach_the_products_and_the_plan_line(tmp_path):
     """``quantized_activations`` configures the built-in format: the plan's line names it,
-    the weights compute with it, and the logits move by the rounding it makes (one int8
-    digit far more than two)."""
+    the weights compute with it, and the logits move by the rounding it makes (int8 far
+    more than int16)."""
     folder = make_tiny_model(tmp_path / "hf", "LlamaForCausalLM", num_kv_heads=2)
     path = write_tiny_gguf(folder, tmp_path / "tiny-q.gguf", quantize=("Q4_1", "Q8_0"))
     prompts = [{"prompt_token_ids": [5, 6, 7, 8, 9]}, {"prompt_token_ids": [100, 3]}]
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=0)
-    digits = {"off": 0, "int8": 1, "int8x2": 2}
+    activations = {"off": None, "int8": "int8", "int16": "int16"}
     logprobs = {}
-    for setting in digits:
+    for setting in activations:
         llm = LLM(model=str(path), quantized_activations=setting, num_kv_blocks=32)
         line = llm.llm_engine.engine_core.quantization.describe(torch.float32)
         assert (f"{setting} activations for Q4_1, Q8_0" in line) == (setting != "off"), line
         model = llm.llm_engine.engine_core.executor.worker.runner.model
         weight = model.model.layers[0].mlp.down_proj.quantized
-        assert weight.format.activation_digits.get("Q4_1", 0) == digits[setting]
+        assert weight.format.activations.get("Q4_1") == activations[setting]
         outputs = llm.generate(prompts, params, use_tqdm=False)
         logprobs[setting] = [
             [next(iter(step.values())).logprob for step in o.outputs[0].logprobs] for o in outputs
@@ -509,4 +509,4 @@ def test_quantized_activations_reach_the_products_and_the_plan_line(tmp_path):
     def moved(setting):
         return max(abs(a[0] - b) for a, b in zip(logprobs[setting], first, strict=True))
 
-    assert 0 < moved("int8x2") < moved("int8")
+    assert 0 < moved("int16") < moved("int8")

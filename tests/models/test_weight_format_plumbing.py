@@ -201,13 +201,15 @@ def test_plugin_api_3s_quantized_matrix_still_works():
     assert torch.equal(matrix.narrow_rows(2, 3).dequantize(), values[2:5])
 
 
-def test_every_quantized_activations_setting_has_the_formats_digits():
+def test_every_quantized_activations_setting_has_the_formats_activations():
     from typing import get_args
 
     from vlite.core.config import VliteConfig
-    from vlite.plugins.weight_formats.gguf import ACTIVATION_DIGITS
+    from vlite.kernels.native import ACTIVATION_BITS
+    from vlite.plugins.weight_formats.gguf import ACTIVATIONS
 
     choices = get_args(VliteConfig.model_fields["quantized_activations"].annotation)
-    assert set(choices) == set(ACTIVATION_DIGITS)
-    assert ACTIVATION_DIGITS["off"] == {}
-    assert set(ACTIVATION_DIGITS["auto"].values()) <= {1, 2}
+    assert set(choices) == set(ACTIVATIONS)
+    assert ACTIVATIONS["off"] == {}
+    for setting in choices:
+        assert set(ACTIVATIONS[setting].values()) <= set(ACTIVATION_BITS) - {"float32"}

@@ -61,13 +61,13 @@ class VliteConfig(BaseSettings):
         "takes their type (built in: exact weight-only CPU kernels) where possible; 'gguf': "
         "the same, an error where impossible; 'none': dequantize every weight to the dtype.",
     )
-    quantized_activations: Literal["auto", "off", "int8", "int8x2"] = Field(
+    quantized_activations: Literal["auto", "off", "int8", "int16"] = Field(
         "auto",
         description="GGUF weights on the CPU: how decode steps (products of fewer than 32 "
         "rows) take the activations. 'off': float32 (exact: the file's values times "
         "float32); 'int8': quantized per 32 values to int8, with integer dot products, as "
-        "llama.cpp does (fastest, least exact); 'int8x2': two int8 digits per value (about "
-        "15 bits, integer dot products too); 'auto': per type, the fastest that passed the "
+        "llama.cpp does (fastest, least exact); 'int16': to int16 per 32 values (about 15 "
+        "bits, integer dot products too); 'auto': per type, the fastest that passed the "
         "agreement oracle (the README's table). The weights are the file's values either "
         "way; prefill keeps float32.",
     )

@@ -1041,4 +1041,4 @@ void vl_matmul(int qtype, const float *x, int64_t M, int64_t K, const uint8_t *w
     generic_product(qtype, x, M, K, w, N, y, num_threads);
 }
 
-#include "int8_activations.h"
+#include "quantized_activations.h"

@@ -75,6 +75,10 @@ BLOCK_LAYOUTS: dict[str, BlockLayout] = {
 #: Rows of x from which a product of a type without a GEMM of its own (``vl_has_gemm``)
 #: decodes the weight in panels and multiplies densely.
 GEMM_ROWS = 32
+
+#: ``GGUFBlockKernels.product``'s ``activations``: the bits they are quantized to (0: kept
+#: float32).
+ACTIVATION_BITS = {"float32": 0, "int8": 8, "int16": 16}
 #: The size of one such decoded float32 panel.
 PANEL_BYTES = 8 << 20
 #: Kernel id of each GGUF block type (the ``qtype`` argument of the C functions).
@@ -229,10 +233,10 @@ class GGUFBlockKernels:
             function.restype = None
         lib.vl_has_gemm.argtypes = [i32]
         lib.vl_has_gemm.restype = i32
-        lib.vl_has_int8.argtypes = [i32]
-        lib.vl_has_int8.restype = i32
-        lib.vl_matmul_int8.argtypes = [i32, i32, ptr, i64, i64, ptr, i64, ptr, i32]
-        lib.vl_matmul_int8.restype = i32
+        lib.vl_has_quantized_activations.argtypes = [i32]
+        lib.vl_has_quantized_activations.restype = i32
+        lib.vl_matmul_quantized.argtypes = [i32, i32, ptr, i64, i64, ptr, i64, ptr, i32]
+        lib.vl_matmul_quantized.restype = i32
         self._lib = lib
         self.path = path
 
@@ -242,10 +246,10 @@ class GGUFBlockKernels:
         multiplies them densely (PyTorch's GEMM), which is faster there."""
         return bool(self._lib.vl_has_gemm(BLOCK_TYPES[qtype]))
 
-    def has_int8(self, qtype: str) -> bool:
-        """Whether :meth:`product` can multiply ``qtype`` by int8-quantized activations
+    def has_quantized_activations(self, qtype: str) -> bool:
+        """Whether :meth:`product` can multiply ``qtype`` by integer-quantized activations
         (AVX2 builds: every quantized type; not F16/BF16)."""
-        return bool(self._lib.vl_has_int8(BLOCK_TYPES[qtype]))
+        return bool(self._lib.vl_has_quantized_activations(BLOCK_TYPES[qtype]))
 
     def matmul(
         self,
@@ -253,10 +257,10 @@ class GGUFBlockKernels:
         x: torch.Tensor,
         blocks: torch.Tensor,
         out_features: int,
-        activation_digits: int = 0,
+        activations: str = "float32",
     ):
         """``x`` ``[M, K]`` float32 @ ``W^T`` -> ``[M, out_features]`` float32."""
-        return self.product(qtype, blocks, out_features, x.shape[-1], activation_digits)(x)
+        return self.product(qtype, blocks, out_features, x.shape[-1], activations)(x)
 
     def product(
         self,
@@ -264,25 +268,27 @@ class GGUFBlockKernels:
         blocks: torch.Tensor,
         out_features: int,
         in_features: int,
-        activation_digits: int = 0,
+        activations: str = "float32",
     ) -> Callable[[torch.Tensor], torch.Tensor]:
         """``x -> x @ W^T`` for one weight matrix, checked once here rather than per call
         (a decode step multiplies by every matrix; each check costs microseconds).
 
         The function holds ``blocks`` and checks each ``x``: float32 CPU ``[M, K]``. With
-        ``activation_digits`` 1 or 2 (and :meth:`has_int8`), products of fewer than
-        :data:`GEMM_ROWS` rows quantize each row of ``x`` per 32 values to one int8 digit
-        (llama.cpp's precision) or two (about 15 bits) and use integer dot products
-        (``int8_activations.h``); 0: float32 activations. The file's weight values either way.
+        ``activations`` ``"int8"`` or ``"int16"`` (and :meth:`has_quantized_activations`),
+        products of fewer than :data:`GEMM_ROWS` rows quantize each row of ``x`` per 32
+        values to int8 (llama.cpp's precision) or int16 (about 15 bits) and use integer dot
+        products (``quantized_activations.h``); ``"float32"``: float32 activations. The
+        file's weight values either way.
         """
         _check_blocks(qtype, blocks, out_features, in_features)
-        if activation_digits not in (0, 1, 2):
-            raise ValueError(f"activation_digits={activation_digits!r}; allowed: 0, 1, 2")
+        if activations not in ACTIVATION_BITS:
+            raise ValueError(f"activations={activations!r}; allowed: {', '.join(ACTIVATION_BITS)}")
         code = BLOCK_TYPES[qtype]
-        if activation_digits and self.has_int8(qtype):
-            call, code_args = self._lib.vl_matmul_int8, (code, activation_digits)
-        else:
-            call, code_args = self._lib.vl_matmul, (code,)
+        exact = functools.partial(_call, self._lib.vl_matmul, code)
+        quantized = exact
+        if ACTIVATION_BITS[activations] and self.has_quantized_activations(qtype):
+            bits = ACTIVATION_BITS[activations]
+            quantized = functools.partial(_call, self._lib.vl_matmul_quantized, code, bits)
         many_rows = None if self.has_gemm(qtype) else self._panel_product(qtype, blocks)
 
         def product(x: torch.Tensor) -> torch.Tensor:
@@ -300,10 +306,11 @@ class GGUFBlockKernels:
             if many_rows is not None and x.shape[0] >= GEMM_ROWS:
                 return many_rows(x)
             out = torch.empty(x.shape[0], out_features, dtype=torch.float32)
-            failed = _call(call, *code_args, x.data_ptr(), x.shape[0], in_features,
-                           blocks.data_ptr(), out_features, out.data_ptr(), THREADS)  # fmt: skip
+            call = quantized if x.shape[0] < GEMM_ROWS else exact
+            failed = call(x.data_ptr(), x.shape[0], in_features, blocks.data_ptr(),
+                          out_features, out.data_ptr(), THREADS)  # fmt: skip
             if failed:
-                raise MemoryError(f"no scratch memory for a {qtype} product's int8 activations")
+                raise MemoryError(f"no scratch memory for a {qtype} product's {activations}")
             return out
 
         return product

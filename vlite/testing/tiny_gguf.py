@@ -110,7 +110,7 @@ _EXPERT_ROLE = {
     "up_proj": "up",
     "down_proj": "down",
 }
-_TOKEN_NORMAL, _TOKEN_CONTROL = 1, 3
+_TOKEN_NORMAL, _TOKEN_CONTROL, _TOKEN_UNUSED = 1, 3, 5
 
 
 def gguf_tensor_name(hf_name: str, architecture: str = "LlamaForCausalLM") -> str:
@@ -122,17 +122,23 @@ def gguf_tensor_name(hf_name: str, architecture: str = "LlamaForCausalLM") -> st
     return f"blk.{layer}.{names[module]}.{kind}"
 
 
-def add_tokenizer(writer: gguf.GGUFWriter, tokenizer: Any) -> None:
-    """Write a byte-level BPE ``tokenizer`` (the tiny models') as ``tokenizer.ggml.*``."""
+def add_tokenizer(writer: gguf.GGUFWriter, tokenizer: Any, vocab_size: int = 0) -> None:
+    """Write a byte-level BPE ``tokenizer`` (the tiny models') as ``tokenizer.ggml.*``.
+
+    A ``vocab_size`` above the tokenizer's pads the list with unused tokens ``<|unused_N|>``,
+    as converters pad a vocabulary to the embedding's rows (llama.cpp requires the two equal).
+    """
     backend = json.loads(tokenizer.backend_tokenizer.to_str())["model"]
     tokens = sorted(backend["vocab"], key=backend["vocab"].get)
     special = set(tokenizer.all_special_ids)
+    types = [_TOKEN_CONTROL if i in special else _TOKEN_NORMAL for i in range(len(tokens))]
+    padding = max(0, vocab_size - len(tokens))
+    tokens += [f"<|unused_{i}|>" for i in range(padding)]
+    types += [_TOKEN_UNUSED] * padding
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)
-    writer.add_token_types(
-        [_TOKEN_CONTROL if i in special else _TOKEN_NORMAL for i in range(len(tokens))]
-    )
+    writer.add_token_types(types)
     writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in backend["merges"]])
     writer.add_bos_token_id(tokenizer.bos_token_id)
     writer.add_eos_token_id(tokenizer.eos_token_id)
@@ -167,7 +173,7 @@ def write_tiny_gguf(
     architecture = config.architectures[0]
     writer = gguf.GGUFWriter(str(path), GGUF_ARCHITECTURE[architecture])
     _add_metadata(writer, config)
-    add_tokenizer(writer, AutoTokenizer.from_pretrained(folder))
+    add_tokenizer(writer, AutoTokenizer.from_pretrained(folder), config.vocab_size)
     for name, tensor in gguf_tensors(config, _read_checkpoint(folder), stacked_experts):
         _add_tensor(writer, name, tensor.contiguous().numpy(), quantize, float_type)
     for name, array in (extra_tensors or {}).items():

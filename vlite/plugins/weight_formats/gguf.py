@@ -32,23 +32,17 @@ from vlite.kernels.native import BLOCK_LAYOUTS, BlockLayout, gguf_block_kernels,
 
 NAME = "gguf"
 
-#: Per value of the ``quantized_activations`` setting: type -> int8 digits its decode
-#: products quantize the activations to (absent: float32). 'auto' holds what passed the
-#: agreement oracle (``benchmarks/agreement.py``) and measured faster than float32 (the
-#: README's table says which and why).
-_INT8_TYPES = frozenset(BLOCK_LAYOUTS) - {"F16", "BF16"}
-ACTIVATION_DIGITS: dict[str, dict[str, int]] = {
+#: Per value of the ``quantized_activations`` setting: type -> the integers its decode
+#: products quantize the activations to (``GGUFBlockKernels.product``'s ``activations``;
+#: absent: float32). 'auto' holds what passed the agreement oracle
+#: (``benchmarks/agreement.py``) and measured faster than float32 (the README's table says
+#: which and why).
+_QUANTIZED_TYPES = frozenset(BLOCK_LAYOUTS) - {"F16", "BF16"}
+ACTIVATIONS: dict[str, dict[str, str]] = {
     "off": {},
-    "int8": dict.fromkeys(_INT8_TYPES, 1),
-    "int8x2": dict.fromkeys(_INT8_TYPES, 2),
-    # int8x2 agreed with float32 on 200/200 first tokens for every file of the README's
-    # type matrix (int8: 187/200 on the default model). One row of activations, against
-    # float32 on an AVX2 EPYC: 1.2x (IQ4_NL) to 1.9x (Q5_K); at 8 rows 0.85x-1.15x. Q4_0/
-    # Q4_1/Q8_0, whose register tiles decode almost for free, were 1.0-1.1x at one row and
-    # 0.8-0.9x at 8: they keep float32 (benchmarks/quantized_activations.py).
-    "auto": dict.fromkeys(
-        ("Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"), 2
-    ),
+    "int8": dict.fromkeys(_QUANTIZED_TYPES, "int8"),
+    "int16": dict.fromkeys(_QUANTIZED_TYPES, "int16"),
+    "auto": dict.fromkeys(_QUANTIZED_TYPES, "int16"),
 }
 
 
@@ -127,9 +121,9 @@ class GGUFBlockWeight(QuantizedWeight):
         if self._products is None:
             kernels = gguf_block_kernels()
             matrices = [self.blocks] if self.blocks.dim() == 2 else list(self.blocks)
-            digits = self._format.activation_digits.get(self.qtype, 0)
+            activations = self._format.activations.get(self.qtype, "float32")
             self._products = [
-                kernels.product(self.qtype, blocks, blocks.shape[0], self.cols, digits)
+                kernels.product(self.qtype, blocks, blocks.shape[0], self.cols, activations)
                 for blocks in matrices
             ]
         return self._products
@@ -141,29 +135,30 @@ class GGUFBlockFormat(WeightFormat):
     tensor_types = frozenset(BLOCK_LAYOUTS)
 
     def configure(self, config: Any) -> None:
-        """Take ``config.quantized_activations`` (see :data:`ACTIVATION_DIGITS`)."""
-        self.activation_digits = ACTIVATION_DIGITS[config.quantized_activations]
+        """Take ``config.quantized_activations`` (see :data:`ACTIVATIONS`)."""
+        self.activations = ACTIVATIONS[config.quantized_activations]
 
-    #: Type -> int8 digits (1 or 2) of the activations its products of fewer than 32 rows
-    #: (decode steps) quantize to, with integer dot products; absent: float32 activations,
-    #: the exact path. Set from the engine's ``quantized_activations`` by :meth:`configure`.
-    activation_digits: dict[str, int] = {}  # replaced by configure, never mutated
+    #: Type -> ``"int8"`` or ``"int16"``: the integers its products of fewer than 32 rows
+    #: (decode steps) quantize the activations to, with integer dot products; absent:
+    #: float32 activations, the exact path. Set from the engine's ``quantized_activations``
+    #: by :meth:`configure`.
+    activations: dict[str, str] = {}  # replaced by configure, never mutated
 
     description = "weight-only CPU kernels"
 
     def activations_line(self, tensor_types: Iterable[str]) -> str:
         """How decode steps take the activations for ``tensor_types`` (the kept ones), for
-        the plan's line: ``"int8x2 activations for Q4_K, Q6_K"``, or ``""`` when every one
+        the plan's line: ``"int16 activations for Q4_K, Q6_K"``, or ``""`` when every one
         keeps float32."""
-        names = {1: "int8", 2: "int8x2"}
-        groups: dict[int, list[str]] = {}
+        groups: dict[str, list[str]] = {}
         for tensor_type in sorted(tensor_types):
-            digits = self.activation_digits.get(tensor_type, 0)
-            if digits and gguf_block_kernels().has_int8(tensor_type):
-                groups.setdefault(digits, []).append(tensor_type)
+            activations = self.activations.get(tensor_type)
+            kernels = gguf_block_kernels()
+            if activations and kernels.has_quantized_activations(tensor_type):
+                groups.setdefault(activations, []).append(tensor_type)
         return "; ".join(
-            f"{names[digits]} activations for {', '.join(types)}"
-            for digits, types in sorted(groups.items())
+            f"{activations} activations for {', '.join(types)}"
+            for activations, types in sorted(groups.items())
         )
 
     def unavailable_reason(self, device: torch.device) -> str | None:

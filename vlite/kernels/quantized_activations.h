@@ -1,13 +1,21 @@
 /*
- * Products of GGUF block-quantized weights with activations quantized to int8 (AVX2), as
+ * Products of GGUF block-quantized weights with activations quantized to integers (AVX2), as
  * llama.cpp multiplies on the CPU: integer dot products of 32 values in a few instructions,
  * where the float path converts and multiplies every value. Included by gguf_blocks.c
  * (it uses that file's TYPES, fp16_to_fp32, split_nibbles, fifth_bits, k_scale_min,
  * q3_k_scale).
  *
- * Activations: each row of x is cut into blocks of 32 values; a block keeps q = round(x / d)
- * as int8 with d = max |x| / 127 (so |q| <= 127), and the float sums s of its two halves'
- * x (one per 16 values) for the types with an offset, which multiply them unrounded.
+ * Activations: each row of x is cut into blocks of 32 values, and a block keeps integers
+ * and one float scale d, at one of two precisions:
+ *
+ *   - int8 (llama.cpp's): q = round(x / d), d = max |x| / 127;
+ *   - int16 (about 15 bits): v = round(x / d), d = max |x| / 32258 (= 127 * 254). The
+ *     32-value types multiply v by their values widened to 16 bits (madd); the 256-value
+ *     types, whose int8 decoding is cheaper than widening, multiply its two int8 digits
+ *     v = 254 q + l (|l| <= 127) and join the two integer sums as 254 * sum(w q) + sum(w l).
+ *
+ * plus the float sums s of each block's two halves of x (one per 16 values) for the types
+ * with an offset, which multiply them unrounded.
  *
  * Weights: every type's values are, per 32-value chunk, integers w times a float a, with
  * 16-bit integer sub-scales per 16 values for the types that have them, plus an offset b
@@ -16,11 +24,14 @@
  *     a * d * sum_halves(scale * sum(w * q)) + b_lo * s_lo + b_hi * s_hi
  *
  * with the integer part exact (maddubs: u8 x s8 pairs into 16 bits, at most 2 * 128 * 127;
- * madd by the sub-scales into 32 bits, exact in float32: below 2^24). Signed weights go
- * through maddubs as |w| and q * sign(w). The weights are exactly the file's values; only
- * the activations multiplying w are rounded (about 0.4% of a block's largest value), which the agreement
- * oracle judges per type (see docs). Each row's result is summed in one order, chunk after
- * chunk, whatever the batch, so a row gives the same bits alone or in any batch.
+ * madd by the sub-scales or v into 32 bits) and converted to float once per chunk (exactly
+ * below 2^24; the int16 sums of Q6_K's largest sub-scales are rounded there, by at most
+ * 2^-24 of the sum). Signed weights go through maddubs as |w| and q * sign(w); Q4_0 and
+ * Q5_0 at int16 multiply their unsigned nibbles and take the - 8 a (- 16 a) as an offset.
+ * The weights are exactly the file's values; only the activations multiplying w are rounded
+ * (int8: about 0.4% of a block's largest value), which the agreement oracle judges per type
+ * (see docs). Each row's result is summed in one order, chunk after chunk, whatever the
+ * batch, so a row gives the same bits alone or in any batch.
  */
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -43,10 +54,11 @@ static inline void store_int8(const __m256i lanes[4], int8_t *out) {
 
 /* One row of x, quantized. */
 typedef struct {
-    const int8_t *q;   /* [K] */
-    const int8_t *low; /* [K]: the second digit (two-digit activations), or NULL */
-    const float *d;  /* [K / 32] */
-    const float *s;  /* [K / 16]: the sum of x over each 16 values */
+    const int8_t *q;    /* [K]: int8, or int16's first digit */
+    const int8_t *low;  /* [K]: int16's second digit, or NULL */
+    const int16_t *v16; /* [K]: int16 values, or NULL */
+    const float *d;     /* [K / 32] */
+    const float *s;     /* [K / 16]: the sum of x over each 16 values */
 } int8_row;
 
 /* One weight block as int8 chunks (a 32-value type uses chunk 0 and b[0..1]). */
@@ -57,33 +69,64 @@ typedef struct {
     float b[16];
 } int8_block;
 
-static void quantize_row_int8(const float *x, int64_t K, int8_t *q, int8_t *low, float *d,
-                              float *s) {
+/* The largest |x| of the 32 values at p, and the four vectors of them. */
+static inline float block_largest(const float *p, __m256 v[4]) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 amax = _mm256_setzero_ps();
+    for (int j = 0; j < 4; j++) {
+        v[j] = _mm256_loadu_ps(p + 8 * j);
+        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[j]));
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    return _mm_cvtss_f32(m4);
+}
+
+static inline __m256i round_lanes(__m256 v, float inverse) {
+    return _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v, _mm256_set1_ps(inverse)),
+                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+/* One row of x to int8 (q, d = max / 127 per block), and the sums s of each 16 values. */
+static void quantize_row_int8(const float *x, int64_t K, int8_t *q, float *d, float *s) {
     for (int64_t blk = 0; blk < K / 32; blk++) {
-        const float *p = x + 32 * blk;
-        __m256 v[4], amax = _mm256_setzero_ps();
-        for (int j = 0; j < 4; j++) {
-            v[j] = _mm256_loadu_ps(p + 8 * j);
-            amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[j]));
-        }
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-        const float largest = _mm_cvtss_f32(m4);
-        const float scale = largest / 127.0f, inverse = largest > 0.0f ? 127.0f / largest : 0.0f;
-        __m256i lanes[4], rest[4];
-        for (int j = 0; j < 4; j++) {
-            const __m256 rounded = _mm256_round_ps(_mm256_mul_ps(v[j], _mm256_set1_ps(inverse)),
-                                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-            lanes[j] = _mm256_cvtps_epi32(rounded);
-            /* the second digit: what is left, in units of d / 254 (at most 127 of them) */
-            const __m256 left = _mm256_sub_ps(v[j], _mm256_mul_ps(rounded, _mm256_set1_ps(scale)));
-            rest[j] = _mm256_cvtps_epi32(_mm256_mul_ps(left, _mm256_set1_ps(254.0f * inverse)));
-        }
+        __m256 v[4];
+        const float largest = block_largest(x + 32 * blk, v);
+        const float inverse = largest > 0.0f ? 127.0f / largest : 0.0f;
+        __m256i lanes[4];
+        for (int j = 0; j < 4; j++) lanes[j] = round_lanes(v[j], inverse);
         store_int8(lanes, q + 32 * blk);
-        if (low != NULL) store_int8(rest, low + 32 * blk);
-        d[blk] = scale;
+        d[blk] = largest / 127.0f;
+        for (int h = 0; h < 2; h++) s[2 * blk + h] = int8_hsum(_mm256_add_ps(v[2 * h], v[2 * h + 1]));
+    }
+}
+
+/* One row of x to int16 (v, d = max / 32258 per block), as v itself (v16) or as its two
+ * int8 digits v = 254 q + l (q, low): whichever is not NULL; and the sums s. */
+static void quantize_row_int16(const float *x, int64_t K, int16_t *v16, int8_t *q, int8_t *low,
+                               float *d, float *s) {
+    const __m256 per_digit = _mm256_set1_ps(1.0f / 254.0f);
+    for (int64_t blk = 0; blk < K / 32; blk++) {
+        __m256 v[4];
+        const float largest = block_largest(x + 32 * blk, v);
+        const float inverse = largest > 0.0f ? 32258.0f / largest : 0.0f;
+        __m256i lanes[4], high[4], rest[4];
+        for (int j = 0; j < 4; j++) {
+            lanes[j] = round_lanes(v[j], inverse);
+            high[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_cvtepi32_ps(lanes[j]), per_digit));
+            rest[j] = _mm256_sub_epi32(lanes[j], _mm256_mullo_epi32(high[j], _mm256_set1_epi32(254)));
+        }
+        if (v16 != NULL)
+            for (int h = 0; h < 2; h++) /* packs interleaves 128-bit halves: permute back */
+                _mm256_storeu_si256((__m256i *)(v16 + 32 * blk + 16 * h),
+                                    _mm256_permute4x64_epi64(
+                                        _mm256_packs_epi32(lanes[2 * h], lanes[2 * h + 1]), 0xD8));
+        if (q != NULL) {
+            store_int8(high, q + 32 * blk);
+            store_int8(rest, low + 32 * blk);
+        }
+        d[blk] = largest / 32258.0f;
         for (int h = 0; h < 2; h++) s[2 * blk + h] = int8_hsum(_mm256_add_ps(v[2 * h], v[2 * h + 1]));
     }
 }
@@ -238,12 +281,10 @@ static inline __attribute__((always_inline)) void int8_decode(int qtype, const u
 
 /* ---- tiles ----------------------------------------------------------------------------- */
 
-/* sum(w * x) per 8 lanes of 4 values, times the 16-bit sub-scales, as float (exact). */
-static inline __m256 int8_dot(__m256i w, __m256i x, __m256i sub, int is_signed) {
-    const __m256i pairs = is_signed
-        ? _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
-        : _mm256_maddubs_epi16(w, x);
-    return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, sub));
+/* sum(w * x) per 16 lanes of 2 values (16 bits: at most 2 * 128 * 127). */
+static inline __m256i int8_pairs(__m256i w, __m256i x, int is_signed) {
+    return is_signed ? _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
+                     : _mm256_maddubs_epi16(w, x);
 }
 
 /* Rows of x a tile takes at most (a decode step's: fewer than the GEMM's 32). */
@@ -261,7 +302,7 @@ static inline __attribute__((always_inline)) void int8_tile(int qtype, const int
                                                             int64_t ldy) {
     const int values = TYPES[qtype].values, bytes = TYPES[qtype].bytes, chunks = values / 32;
     const int is_signed = int8_signed(qtype), has_offset = int8_has_offset(qtype);
-    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i ones = _mm256_set1_epi16(1), digit = _mm256_set1_epi16(254);
     __m256 acc[INT8_MAX_ROWS][4];
     float offset[INT8_MAX_ROWS][4];
     for (int i = 0; i < MR; i++)
@@ -284,12 +325,13 @@ static inline __attribute__((always_inline)) void int8_tile(int qtype, const int
                 for (int r = 0; r < NR; r++) {
                     const __m256i wv = blocks[r].w[c];
                     const __m256i sub = int8_has_subscales(qtype) ? blocks[r].scale[c] : ones;
-                    const float ad = blocks[r].a[c] * d[c];
-                    acc[i][r] = _mm256_fmadd_ps(_mm256_set1_ps(ad), int8_dot(wv, xq, sub, is_signed),
-                                                acc[i][r]);
-                    if (TWO)
-                        acc[i][r] = _mm256_fmadd_ps(_mm256_set1_ps(ad * (1.0f / 254.0f)),
-                                                    int8_dot(wv, xl, sub, is_signed), acc[i][r]);
+                    __m256i sums = _mm256_madd_epi16(int8_pairs(wv, xq, is_signed),
+                                                     TWO ? _mm256_mullo_epi16(sub, digit) : sub);
+                    if (TWO) /* 254 sum(w q) + sum(w l): at most 2^30 (Q6_K) */
+                        sums = _mm256_add_epi32(
+                            sums, _mm256_madd_epi16(int8_pairs(wv, xl, is_signed), sub));
+                    acc[i][r] = _mm256_fmadd_ps(_mm256_set1_ps(blocks[r].a[c] * d[c]),
+                                                _mm256_cvtepi32_ps(sums), acc[i][r]);
                     if (has_offset)
                         offset[i][r] += blocks[r].b[2 * c] * s[2 * c] +
                                         blocks[r].b[2 * c + 1] * s[2 * c + 1];
@@ -326,6 +368,130 @@ static inline __attribute__((always_inline)) void int8_rows(int qtype, const int
     }
 }
 
+/* ---- int16 activations: the 32-value types widened to 16 bits ------------------------- */
+
+static inline int int16_has_offset(int qtype) {
+    return qtype == VL_Q4_0 || qtype == VL_Q4_1 || qtype == VL_Q5_0 || qtype == VL_Q5_1;
+}
+
+/* One block of a 32-value type as 16-bit integers w, values 0..15 in lo and 16..31 in hi,
+ * with value = a * w + offset (Q4_0 and Q5_0: their unsigned values and - 8 a, - 16 a). */
+static inline __attribute__((always_inline)) void int16_decode(int qtype, const uint8_t *b,
+                                                               __m256i *lo, __m256i *hi,
+                                                               float *a, float *offset) {
+    const __m256i low4 = _mm256_set1_epi16(15);
+    *a = fp16_to_fp32(b);
+    *offset = 0.0f;
+    switch (qtype) {
+    case VL_Q4_0:
+    case VL_Q4_1: {
+        const int with_min = qtype == VL_Q4_1;
+        const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(b + (with_min ? 4 : 2))));
+        *lo = _mm256_and_si256(v, low4);
+        *hi = _mm256_srli_epi16(v, 4);
+        *offset = with_min ? fp16_to_fp32(b + 2) : -8.0f * *a;
+        break;
+    }
+    case VL_Q5_0:
+    case VL_Q5_1: { /* fifth bit j of qh: value j's 16 */
+        const int with_min = qtype == VL_Q5_1;
+        uint32_t qh;
+        memcpy(&qh, b + (with_min ? 4 : 2), 4);
+        const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(b + (with_min ? 8 : 6))));
+        const __m256i bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048,
+                                              4096, 8192, 16384, (short)-32768);
+        const __m256i sixteen = _mm256_set1_epi16(16);
+        const __m256i h0 = _mm256_and_si256(_mm256_set1_epi16((short)(qh & 0xFFFF)), bit);
+        const __m256i h1 = _mm256_and_si256(_mm256_set1_epi16((short)(qh >> 16)), bit);
+        *lo = _mm256_or_si256(_mm256_and_si256(v, low4),
+                              _mm256_and_si256(_mm256_cmpeq_epi16(h0, bit), sixteen));
+        *hi = _mm256_or_si256(_mm256_srli_epi16(v, 4),
+                              _mm256_and_si256(_mm256_cmpeq_epi16(h1, bit), sixteen));
+        *offset = with_min ? fp16_to_fp32(b + 2) : -16.0f * *a;
+        break;
+    }
+    case VL_Q8_0: {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 2));
+        *lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v));
+        *hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
+        break;
+    }
+    case VL_IQ4_NL: {
+        const __m128i table = _mm_loadu_si128((const __m128i *)IQ4_VALUES);
+        const __m128i bytes = _mm_loadu_si128((const __m128i *)(b + 2)), l4 = _mm_set1_epi8(15);
+        *lo = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(table, _mm_and_si128(bytes, l4)));
+        *hi = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(bytes, 4), l4)));
+        break;
+    }
+    }
+}
+
+/* int8_tile's shape for the 32-value types at int16: each block of the NR rows of W is
+ * widened once (in registers) for all MR rows of x; sum(w v) per 32 values is below 2^24,
+ * so its float is exact. */
+static inline __attribute__((always_inline)) void int16_tile(int qtype, const int MR,
+                                                             const int NR, const int8_row *x,
+                                                             int64_t K, const uint8_t *w,
+                                                             int64_t row_bytes, float *y,
+                                                             int64_t ldy) {
+    const int bytes = TYPES[qtype].bytes, has_offset = int16_has_offset(qtype);
+    __m256 acc[INT8_MAX_ROWS][4];
+    float offset[INT8_MAX_ROWS][4];
+    for (int i = 0; i < MR; i++)
+        for (int r = 0; r < NR; r++) {
+            acc[i][r] = _mm256_setzero_ps();
+            offset[i][r] = 0.0f;
+        }
+    for (int64_t blk = 0; blk < K / 32; blk++) {
+        const char *ahead = (const char *)w + PREFETCH_TILES * NR * row_bytes + blk * NR * bytes;
+        for (int line = 0; line < NR * bytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+        __m256i lo[4], hi[4];
+        float a[4], b[4];
+        for (int r = 0; r < NR; r++)
+            int16_decode(qtype, w + r * row_bytes + blk * bytes, &lo[r], &hi[r], &a[r], &b[r]);
+        for (int i = 0; i < MR; i++) {
+            const __m256i xa = _mm256_loadu_si256((const __m256i *)(x[i].v16 + 32 * blk));
+            const __m256i xb = _mm256_loadu_si256((const __m256i *)(x[i].v16 + 32 * blk + 16));
+            const float d = x[i].d[blk], s = x[i].s[2 * blk] + x[i].s[2 * blk + 1];
+            for (int r = 0; r < NR; r++) {
+                const __m256i sums =
+                    _mm256_add_epi32(_mm256_madd_epi16(lo[r], xa), _mm256_madd_epi16(hi[r], xb));
+                acc[i][r] = _mm256_fmadd_ps(_mm256_set1_ps(a[r] * d), _mm256_cvtepi32_ps(sums),
+                                            acc[i][r]);
+                if (has_offset) offset[i][r] += b[r] * s;
+            }
+        }
+    }
+    for (int i = 0; i < MR; i++)
+        for (int r = 0; r < NR; r++) y[i * ldy + r] = int8_hsum(acc[i][r]) + offset[i][r];
+}
+
+#define INT16_TILE(MR, NR) \
+    int16_tile(qtype, MR, NR, x + m, K, w + n * row_bytes, row_bytes, y + m * N + n, N)
+
+static inline __attribute__((always_inline)) void int16_rows(int qtype, const int8_row *x,
+                                                             int64_t M, int64_t K,
+                                                             const uint8_t *w, int64_t N,
+                                                             int64_t n0, int64_t n1, float *y) {
+    const int64_t row_bytes = K / 32 * TYPES[qtype].bytes;
+    for (int64_t m = 0; m < M; m += INT8_MAX_ROWS) {
+        const int rows = M - m < INT8_MAX_ROWS ? (int)(M - m) : INT8_MAX_ROWS;
+        int64_t n = n0;
+        if (rows == 1) {
+            for (; n + 4 <= n1; n += 4) INT16_TILE(1, 4);
+            for (; n < n1; n++) INT16_TILE(1, 1);
+        } else {
+            for (; n + 4 <= n1; n += 4) INT16_TILE(rows, 4);
+            for (; n < n1; n++) INT16_TILE(rows, 1);
+        }
+    }
+}
+
+/* ---- one function per type and precision ---------------------------------------------- */
+
+typedef void (*int8_rows_fn)(const int8_row *, int64_t, int64_t, const uint8_t *, int64_t,
+                             int64_t, int64_t, float *);
+
 #define INT8_ROWS(name, code)                                                              \
     static void name##_int8_rows(const int8_row *x, int64_t M, int64_t K, const uint8_t *w, \
                                  int64_t N, int64_t n0, int64_t n1, float *y) {             \
@@ -347,18 +513,36 @@ INT8_ROWS(q5_k, VL_Q5_K)
 INT8_ROWS(q6_k, VL_Q6_K)
 INT8_ROWS(iq4_xs, VL_IQ4_XS)
 
-typedef void (*int8_rows_fn)(const int8_row *, int64_t, int64_t, const uint8_t *, int64_t,
-                             int64_t, int64_t, float *);
 static const int8_rows_fn INT8_ROWS_OF[VL_NUM_TYPES] = {
     [VL_Q4_0] = q4_0_int8_rows,   [VL_Q4_1] = q4_1_int8_rows, [VL_Q8_0] = q8_0_int8_rows,
     [VL_Q5_0] = q5_0_int8_rows,   [VL_Q5_1] = q5_1_int8_rows, [VL_IQ4_NL] = iq4_nl_int8_rows,
     [VL_Q2_K] = q2_k_int8_rows,   [VL_Q3_K] = q3_k_int8_rows, [VL_Q4_K] = q4_k_int8_rows,
     [VL_Q5_K] = q5_k_int8_rows,   [VL_Q6_K] = q6_k_int8_rows, [VL_IQ4_XS] = iq4_xs_int8_rows,
 };
+
+#define INT16_ROWS(name, code)                                                               \
+    static void name##_int16_rows(const int8_row *x, int64_t M, int64_t K, const uint8_t *w, \
+                                  int64_t N, int64_t n0, int64_t n1, float *y) {             \
+        int16_rows(code, x, M, K, w, N, n0, n1, y);                                          \
+    }
+INT16_ROWS(q4_0, VL_Q4_0)
+INT16_ROWS(q4_1, VL_Q4_1)
+INT16_ROWS(q8_0, VL_Q8_0)
+INT16_ROWS(q5_0, VL_Q5_0)
+INT16_ROWS(q5_1, VL_Q5_1)
+INT16_ROWS(iq4_nl, VL_IQ4_NL)
+
+/* int16 products: the 32-value types widened; the others by two int8 digits. */
+static const int8_rows_fn INT16_ROWS_OF[VL_NUM_TYPES] = {
+    [VL_Q4_0] = q4_0_int16_rows,  [VL_Q4_1] = q4_1_int16_rows, [VL_Q8_0] = q8_0_int16_rows,
+    [VL_Q5_0] = q5_0_int16_rows,  [VL_Q5_1] = q5_1_int16_rows, [VL_IQ4_NL] = iq4_nl_int16_rows,
+    [VL_Q2_K] = q2_k_int8_rows,   [VL_Q3_K] = q3_k_int8_rows,  [VL_Q4_K] = q4_k_int8_rows,
+    [VL_Q5_K] = q5_k_int8_rows,   [VL_Q6_K] = q6_k_int8_rows,  [VL_IQ4_XS] = iq4_xs_int8_rows,
+};
 #endif
 
-/* 1 when vl_matmul_int8 multiplies this type (AVX2 builds; every quantized type). */
-int vl_has_int8(int qtype) {
+/* 1 when vl_matmul_quantized multiplies this type (AVX2 builds; every quantized type). */
+int vl_has_quantized_activations(int qtype) {
 #if defined(__AVX2__) && defined(__FMA__)
     return qtype >= 0 && qtype < VL_NUM_TYPES && INT8_ROWS_OF[qtype] != NULL;
 #else
@@ -368,16 +552,18 @@ int vl_has_int8(int qtype) {
 }
 
 /*
- * y[M, N] = x[M, K] @ W[N, K]^T with x quantized to int8 per 32 values first (see the top of
- * this file). Returns -1, having written nothing, for a type vl_has_int8 refuses or when the
- * scratch memory cannot be had.
+ * y[M, N] = x[M, K] @ W[N, K]^T with x quantized per 32 values first to `bits` 8 or 16 (see
+ * the top of this file). Returns -1, having written nothing, for a type
+ * vl_has_quantized_activations refuses, other bits, or when the scratch memory cannot be
+ * had.
  */
-int vl_matmul_int8(int qtype, int digits, const float *x, int64_t M, int64_t K, const uint8_t *w,
-                   int64_t N, float *y, int num_threads) {
+int vl_matmul_quantized(int qtype, int bits, const float *x, int64_t M, int64_t K,
+                        const uint8_t *w, int64_t N, float *y, int num_threads) {
 #if defined(__AVX2__) && defined(__FMA__)
-    if (!vl_has_int8(qtype) || (digits != 1 && digits != 2)) return -1;
-    const int8_rows_fn rows_fn = INT8_ROWS_OF[qtype];
-    int8_t *q = malloc((size_t)(digits * M * K));
+    if (!vl_has_quantized_activations(qtype) || (bits != 8 && bits != 16)) return -1;
+    const int widened = bits == 16 && TYPES[qtype].values == 32;
+    const int8_rows_fn rows_fn = (bits == 16 ? INT16_ROWS_OF : INT8_ROWS_OF)[qtype];
+    int8_t *q = malloc((size_t)(bits / 8 * M * K));
     float *scales = malloc(sizeof(float) * (size_t)(M * (K / 32 + K / 16)));
     int8_row *rows = malloc(sizeof(int8_row) * (size_t)M);
     if (q == NULL || scales == NULL || rows == NULL) {
@@ -388,9 +574,17 @@ int vl_matmul_int8(int qtype, int digits, const float *x, int64_t M, int64_t K, 
     }
     for (int64_t m = 0; m < M; m++) {
         float *d = scales + m * (K / 32 + K / 16), *s = d + K / 32;
-        int8_t *low = digits == 2 ? q + (M + m) * K : NULL;
-        quantize_row_int8(x + m * K, K, q + m * K, low, d, s);
-        rows[m] = (int8_row){q + m * K, low, d, s};
+        int8_row row = {q + m * K, NULL, NULL, d, s};
+        if (widened) {
+            row = (int8_row){NULL, NULL, (int16_t *)q + m * K, d, s};
+            quantize_row_int16(x + m * K, K, (int16_t *)q + m * K, NULL, NULL, d, s);
+        } else if (bits == 16) {
+            row.low = q + (M + m) * K;
+            quantize_row_int16(x + m * K, K, NULL, q + m * K, q + (M + m) * K, d, s);
+        } else {
+            quantize_row_int8(x + m * K, K, q + m * K, d, s);
+        }
+        rows[m] = row;
     }
     const int64_t chunk = 16, num_chunks = (N + chunk - 1) / chunk;
 #pragma omp parallel for schedule(static) num_threads(num_threads)
@@ -401,7 +595,7 @@ int vl_matmul_int8(int qtype, int digits, const float *x, int64_t M, int64_t K, 
     free(rows);
     return 0;
 #else
-    (void)qtype, (void)digits, (void)x, (void)M, (void)K, (void)w, (void)N, (void)y, (void)num_threads;
+    (void)qtype, (void)bits, (void)x, (void)M, (void)K, (void)w, (void)N, (void)y, (void)num_threads;
     return -1;
 #endif
 }
