@@ -368,28 +368,83 @@ static inline __attribute__((always_inline)) void int8_rows(int qtype, const int
     }
 }
 
-/* ---- int16 activations: the 32-value types widened to 16 bits ------------------------- */
+/* ---- int16 activations: values widened to 16 bits ---------------------------------------- */
 
-static inline int int16_has_offset(int qtype) {
-    return qtype == VL_Q4_0 || qtype == VL_Q4_1 || qtype == VL_Q5_0 || qtype == VL_Q5_1;
+/* The types int16 activations multiply by values widened to 16 bits (madd), 32 at a time:
+ * those whose widening costs no more than decoding to bytes (the rest: two int8 digits). */
+static inline int int16_widened(int qtype) {
+    return TYPES[qtype].values == 32 || qtype == VL_IQ4_XS || qtype == VL_Q4_K;
 }
 
-/* One block of a 32-value type as 16-bit integers w, values 0..15 in lo and 16..31 in hi,
- * with value = a * w + offset (Q4_0 and Q5_0: their unsigned values and - 8 a, - 16 a). */
-static inline __attribute__((always_inline)) void int16_decode(int qtype, const uint8_t *b,
-                                                               __m256i *lo, __m256i *hi,
+static inline int int16_has_offset(int qtype) {
+    return qtype == VL_Q4_0 || qtype == VL_Q4_1 || qtype == VL_Q5_0 || qtype == VL_Q5_1 ||
+           qtype == VL_Q4_K;
+}
+
+/* Per chunk of 32 values of block b: value = a[c] * w + offset[c] (Q4_0 and Q5_0: their
+ * unsigned values and - 8 d, - 16 d; Q4_K: minus its minimum). */
+static inline __attribute__((always_inline)) void int16_scales(int qtype, const uint8_t *b,
                                                                float *a, float *offset) {
+    switch (qtype) {
+    case VL_Q4_0:
+    case VL_Q5_0:
+        a[0] = fp16_to_fp32(b);
+        offset[0] = (qtype == VL_Q4_0 ? -8.0f : -16.0f) * a[0];
+        break;
+    case VL_Q4_1:
+    case VL_Q5_1:
+        a[0] = fp16_to_fp32(b);
+        offset[0] = fp16_to_fp32(b + 2);
+        break;
+    case VL_Q8_0:
+    case VL_IQ4_NL:
+        a[0] = fp16_to_fp32(b);
+        offset[0] = 0.0f;
+        break;
+    case VL_IQ4_XS: {
+        const float d = fp16_to_fp32(b);
+        uint16_t scales_h;
+        memcpy(&scales_h, b + 2, 2);
+        for (int c = 0; c < 8; c++) {
+            const int low = (b[4 + c / 2] >> (4 * (c % 2))) & 15, high = (scales_h >> (2 * c)) & 3;
+            a[c] = d * (float)((low | (high << 4)) - 32);
+            offset[c] = 0.0f;
+        }
+        break;
+    }
+    case VL_Q4_K: {
+        const float d = fp16_to_fp32(b), dmin = fp16_to_fp32(b + 2);
+        int sc[8], mn[8];
+        k_scale_min(b + 4, sc, mn);
+        for (int c = 0; c < 8; c++) {
+            a[c] = d * (float)sc[c];
+            offset[c] = -(dmin * (float)mn[c]);
+        }
+        break;
+    }
+    }
+}
+
+/* IQ4's 16 bytes of nibbles -> its 32 table values as 16-bit lanes (low nibbles first). */
+static inline void iq4_int16(const uint8_t *qs, __m256i *lo, __m256i *hi) {
+    const __m128i table = _mm_loadu_si128((const __m128i *)IQ4_VALUES);
+    const __m128i bytes = _mm_loadu_si128((const __m128i *)qs), l4 = _mm_set1_epi8(15);
+    *lo = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(table, _mm_and_si128(bytes, l4)));
+    *hi = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(bytes, 4), l4)));
+}
+
+/* Chunk c of block b as 16-bit integers w: values 0..15 in lo, 16..31 in hi. */
+static inline __attribute__((always_inline)) void int16_values(int qtype, const uint8_t *b,
+                                                               int c, __m256i *lo,
+                                                               __m256i *hi) {
     const __m256i low4 = _mm256_set1_epi16(15);
-    *a = fp16_to_fp32(b);
-    *offset = 0.0f;
     switch (qtype) {
     case VL_Q4_0:
     case VL_Q4_1: {
-        const int with_min = qtype == VL_Q4_1;
-        const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(b + (with_min ? 4 : 2))));
+        const __m256i v = _mm256_cvtepu8_epi16(
+            _mm_loadu_si128((const __m128i *)(b + (qtype == VL_Q4_1 ? 4 : 2))));
         *lo = _mm256_and_si256(v, low4);
         *hi = _mm256_srli_epi16(v, 4);
-        *offset = with_min ? fp16_to_fp32(b + 2) : -8.0f * *a;
         break;
     }
     case VL_Q5_0:
@@ -397,7 +452,8 @@ static inline __attribute__((always_inline)) void int16_decode(int qtype, const 
         const int with_min = qtype == VL_Q5_1;
         uint32_t qh;
         memcpy(&qh, b + (with_min ? 4 : 2), 4);
-        const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(b + (with_min ? 8 : 6))));
+        const __m256i v =
+            _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(b + (with_min ? 8 : 6))));
         const __m256i bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048,
                                               4096, 8192, 16384, (short)-32768);
         const __m256i sixteen = _mm256_set1_epi16(16);
@@ -407,7 +463,6 @@ static inline __attribute__((always_inline)) void int16_decode(int qtype, const 
                               _mm256_and_si256(_mm256_cmpeq_epi16(h0, bit), sixteen));
         *hi = _mm256_or_si256(_mm256_srli_epi16(v, 4),
                               _mm256_and_si256(_mm256_cmpeq_epi16(h1, bit), sixteen));
-        *offset = with_min ? fp16_to_fp32(b + 2) : -16.0f * *a;
         break;
     }
     case VL_Q8_0: {
@@ -416,25 +471,33 @@ static inline __attribute__((always_inline)) void int16_decode(int qtype, const 
         *hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
         break;
     }
-    case VL_IQ4_NL: {
-        const __m128i table = _mm_loadu_si128((const __m128i *)IQ4_VALUES);
-        const __m128i bytes = _mm_loadu_si128((const __m128i *)(b + 2)), l4 = _mm_set1_epi8(15);
-        *lo = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(table, _mm_and_si128(bytes, l4)));
-        *hi = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(bytes, 4), l4)));
+    case VL_IQ4_NL:
+        iq4_int16(b + 2, lo, hi);
+        break;
+    case VL_IQ4_XS:
+        iq4_int16(b + 8 + 16 * c, lo, hi);
+        break;
+    case VL_Q4_K: { /* chunk c: nibble c % 2 of qs[32 (c / 2) + l] */
+        const uint8_t *qs = b + 16 + 32 * (c / 2);
+        const __m256i v0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)qs));
+        const __m256i v1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(qs + 16)));
+        *lo = c % 2 ? _mm256_srli_epi16(v0, 4) : _mm256_and_si256(v0, low4);
+        *hi = c % 2 ? _mm256_srli_epi16(v1, 4) : _mm256_and_si256(v1, low4);
         break;
     }
     }
 }
 
-/* int8_tile's shape for the 32-value types at int16: each block of the NR rows of W is
- * widened once (in registers) for all MR rows of x; sum(w v) per 32 values is below 2^24,
- * so its float is exact. */
+/* int8_tile's shape for the widened types: each chunk of the NR rows of W is widened once
+ * (in registers) for all MR rows of x; sum(w v) per 32 values is below 2^24 (|w| <= 128,
+ * |v| <= 32258), so its float is exact. */
 static inline __attribute__((always_inline)) void int16_tile(int qtype, const int MR,
                                                              const int NR, const int8_row *x,
                                                              int64_t K, const uint8_t *w,
                                                              int64_t row_bytes, float *y,
                                                              int64_t ldy) {
-    const int bytes = TYPES[qtype].bytes, has_offset = int16_has_offset(qtype);
+    const int values = TYPES[qtype].values, bytes = TYPES[qtype].bytes, chunks = values / 32;
+    const int has_offset = int16_has_offset(qtype);
     __m256 acc[INT8_MAX_ROWS][4];
     float offset[INT8_MAX_ROWS][4];
     for (int i = 0; i < MR; i++)
@@ -442,23 +505,27 @@ static inline __attribute__((always_inline)) void int16_tile(int qtype, const in
             acc[i][r] = _mm256_setzero_ps();
             offset[i][r] = 0.0f;
         }
-    for (int64_t blk = 0; blk < K / 32; blk++) {
+    for (int64_t blk = 0; blk < K / values; blk++) {
         const char *ahead = (const char *)w + PREFETCH_TILES * NR * row_bytes + blk * NR * bytes;
         for (int line = 0; line < NR * bytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
-        __m256i lo[4], hi[4];
-        float a[4], b[4];
-        for (int r = 0; r < NR; r++)
-            int16_decode(qtype, w + r * row_bytes + blk * bytes, &lo[r], &hi[r], &a[r], &b[r]);
-        for (int i = 0; i < MR; i++) {
-            const __m256i xa = _mm256_loadu_si256((const __m256i *)(x[i].v16 + 32 * blk));
-            const __m256i xb = _mm256_loadu_si256((const __m256i *)(x[i].v16 + 32 * blk + 16));
-            const float d = x[i].d[blk], s = x[i].s[2 * blk] + x[i].s[2 * blk + 1];
-            for (int r = 0; r < NR; r++) {
-                const __m256i sums =
-                    _mm256_add_epi32(_mm256_madd_epi16(lo[r], xa), _mm256_madd_epi16(hi[r], xb));
-                acc[i][r] = _mm256_fmadd_ps(_mm256_set1_ps(a[r] * d), _mm256_cvtepi32_ps(sums),
-                                            acc[i][r]);
-                if (has_offset) offset[i][r] += b[r] * s;
+        float a[4][8], b[4][8];
+        for (int r = 0; r < NR; r++) int16_scales(qtype, w + r * row_bytes + blk * bytes, a[r], b[r]);
+        for (int c = 0; c < chunks; c++) {
+            __m256i lo[4], hi[4];
+            for (int r = 0; r < NR; r++)
+                int16_values(qtype, w + r * row_bytes + blk * bytes, c, &lo[r], &hi[r]);
+            for (int i = 0; i < MR; i++) {
+                const int64_t k = blk * values + 32 * c, g = k / 32;
+                const __m256i xa = _mm256_loadu_si256((const __m256i *)(x[i].v16 + k));
+                const __m256i xb = _mm256_loadu_si256((const __m256i *)(x[i].v16 + k + 16));
+                const float d = x[i].d[g], s = x[i].s[2 * g] + x[i].s[2 * g + 1];
+                for (int r = 0; r < NR; r++) {
+                    const __m256i sums = _mm256_add_epi32(_mm256_madd_epi16(lo[r], xa),
+                                                          _mm256_madd_epi16(hi[r], xb));
+                    acc[i][r] = _mm256_fmadd_ps(_mm256_set1_ps(a[r][c] * d),
+                                                _mm256_cvtepi32_ps(sums), acc[i][r]);
+                    if (has_offset) offset[i][r] += b[r][c] * s;
+                }
             }
         }
     }
@@ -473,7 +540,7 @@ static inline __attribute__((always_inline)) void int16_rows(int qtype, const in
                                                              int64_t M, int64_t K,
                                                              const uint8_t *w, int64_t N,
                                                              int64_t n0, int64_t n1, float *y) {
-    const int64_t row_bytes = K / 32 * TYPES[qtype].bytes;
+    const int64_t row_bytes = K / TYPES[qtype].values * TYPES[qtype].bytes;
     for (int64_t m = 0; m < M; m += INT8_MAX_ROWS) {
         const int rows = M - m < INT8_MAX_ROWS ? (int)(M - m) : INT8_MAX_ROWS;
         int64_t n = n0;
@@ -531,13 +598,15 @@ INT16_ROWS(q8_0, VL_Q8_0)
 INT16_ROWS(q5_0, VL_Q5_0)
 INT16_ROWS(q5_1, VL_Q5_1)
 INT16_ROWS(iq4_nl, VL_IQ4_NL)
+INT16_ROWS(iq4_xs, VL_IQ4_XS)
+INT16_ROWS(q4_k, VL_Q4_K)
 
-/* int16 products: the 32-value types widened; the others by two int8 digits. */
+/* int16 products: widened (int16_widened), or by two int8 digits. */
 static const int8_rows_fn INT16_ROWS_OF[VL_NUM_TYPES] = {
     [VL_Q4_0] = q4_0_int16_rows,  [VL_Q4_1] = q4_1_int16_rows, [VL_Q8_0] = q8_0_int16_rows,
     [VL_Q5_0] = q5_0_int16_rows,  [VL_Q5_1] = q5_1_int16_rows, [VL_IQ4_NL] = iq4_nl_int16_rows,
-    [VL_Q2_K] = q2_k_int8_rows,   [VL_Q3_K] = q3_k_int8_rows,  [VL_Q4_K] = q4_k_int8_rows,
-    [VL_Q5_K] = q5_k_int8_rows,   [VL_Q6_K] = q6_k_int8_rows,  [VL_IQ4_XS] = iq4_xs_int8_rows,
+    [VL_Q2_K] = q2_k_int8_rows,   [VL_Q3_K] = q3_k_int8_rows,  [VL_Q4_K] = q4_k_int16_rows,
+    [VL_Q5_K] = q5_k_int8_rows,   [VL_Q6_K] = q6_k_int8_rows,  [VL_IQ4_XS] = iq4_xs_int16_rows,
 };
 #endif
 
@@ -561,7 +630,7 @@ int vl_matmul_quantized(int qtype, int bits, const float *x, int64_t M, int64_t 
                         const uint8_t *w, int64_t N, float *y, int num_threads) {
 #if defined(__AVX2__) && defined(__FMA__)
     if (!vl_has_quantized_activations(qtype) || (bits != 8 && bits != 16)) return -1;
-    const int widened = bits == 16 && TYPES[qtype].values == 32;
+    const int widened = bits == 16 && int16_widened(qtype);
     const int8_rows_fn rows_fn = (bits == 16 ? INT16_ROWS_OF : INT8_ROWS_OF)[qtype];
     int8_t *q = malloc((size_t)(bits / 8 * M * K));
     float *scales = malloc(sizeof(float) * (size_t)(M * (K / 32 + K / 16)));
