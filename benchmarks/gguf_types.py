@@ -220,10 +220,13 @@ def main() -> None:
     if not files:
         raise SystemExit("no GGUF files: give --files, --dir, or --make-from")
     print(f"CPU: {harness.cpu_model()}, {harness.available_cores()} cores", flush=True)
-    rows = [run_file(path, args) for path in files]
+    rows = []
+    for path in files:
+        rows.append(run_file(path, args))
+        if args.json:  # after every file: an interrupted run keeps what it measured
+            args.json.write_text(json.dumps(rows, indent=2))
     print_table(rows)
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
         print(f"wrote {args.json}")
     if args.plot:
         save_plot(args.plot, rows, args)
