@@ -3,8 +3,10 @@
 For each GGUF file (``--files``, or every ``*.gguf`` in ``--dir``), runs
 ``single_stream.py --engines vlite llama.cpp`` on it (fresh processes, alternated rounds,
 best and median, the quiet check: see ``harness.py``) and collects one row per file: the
-tensor types it holds, each engine's best and median output tokens/s, the ratio, and each
-engine's peak RSS (the trial process's maximum resident set). With ``--prefill-len N`` (512;
+tensor types it holds, each engine's best and median output tokens/s, the ratio, the
+weights a decode step reads times the best tokens/s (GB/s: against the machine's memory
+bandwidth, how much faster one stream could go at all), and each engine's peak RSS (the
+trial process's maximum resident set). With ``--prefill-len N`` (512;
 0 leaves it out) a second run per file times the prefill of an N-token prompt the same way
 (``--prompt-len N --output-len 1``: prompt tokens / wall time of the generation, its one
 output token included, as llama.cpp's ``llama-bench -p`` counts a prompt's tokens). Prints
@@ -91,17 +93,28 @@ def make_files(source: Path, llama_cpp: Path, types: list[str], folder: Path) ->
     return made
 
 
-def tensor_types(path: Path) -> str:
-    """The file's quantized tensor types and counts, most common first."""
+def tensor_types(path: Path) -> tuple[str, int]:
+    """The file's quantized tensor types and counts, most common first; and the bytes of
+    weights one decode step reads (every tensor but an embedding table that is not also
+    the output matrix: its rows are gathered, not read whole)."""
     import gguf
 
-    counts = Counter(t.tensor_type.name for t in gguf.GGUFReader(path).tensors)
-    return ", ".join(f"{name} x{n}" for name, n in counts.most_common() if name != "F32")
+    tensors = gguf.GGUFReader(path).tensors
+    counts = Counter(t.tensor_type.name for t in tensors)
+    names = {t.name for t in tensors}
+    read = sum(
+        int(t.n_bytes)
+        for t in tensors
+        if not (t.name == "token_embd.weight" and "output.weight" in names)
+    )
+    types = ", ".join(f"{name} x{n}" for name, n in counts.most_common() if name != "F32")
+    return types, read
 
 
 def run_file(path: Path, args: argparse.Namespace) -> dict[str, Any]:
     """One stream (and a prefill run, unless ``--prefill-len 0``) on one file."""
-    row = {"file": path.name, "types": tensor_types(path)}
+    types, bytes_per_token = tensor_types(path)
+    row = {"file": path.name, "types": types, "bytes_per_token": bytes_per_token}
     row["engines"] = single_stream(path, args, args.prompt_len, args.output_len)
     if args.prefill_len:
         prefill = single_stream(path, args, args.prefill_len, 1)
@@ -147,10 +160,10 @@ def single_stream(
 def print_table(rows: list[dict[str, Any]]) -> None:
     print(
         "\n| file | types | vlite best / median tok/s | llama.cpp best / median | vlite/llama.cpp "
-        "(best, median) | prefill tok/s vlite / llama.cpp (best) | prefill ratio (best, median) "
-        "| peak RSS MiB vlite / llama.cpp |"
+        "(best, median) | weights GB/s vlite / llama.cpp (best) | prefill tok/s vlite / "
+        "llama.cpp (best) | prefill ratio (best, median) | peak RSS MiB vlite / llama.cpp |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         v, p = row["engines"].get("vlite", {}), row["engines"].get("llama.cpp", {})
         pv, pp = (
@@ -160,9 +173,18 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         print(
             f"| {row['file']} | {row['types']} | {_rate(v, 'best')} / {_rate(v, 'median')} | "
             f"{_rate(p, 'best')} / {_rate(p, 'median')} | {_ratio(v, p)} | "
+            f"{_streamed(row, v)} / {_streamed(row, p)} | "
             f"{_rate(pv, 'best', 0)} / {_rate(pp, 'best', 0)} | {_ratio(pv, pp)} | "
             f"{_rate(v, 'peak_rss_mib', 0)} / {_rate(p, 'peak_rss_mib', 0)} |"
         )
+
+
+def _streamed(row: dict[str, Any], engine: dict[str, Any]) -> str:
+    """The weights one decode step reads times the best tokens/s, in GB/s: how close an
+    engine runs to the machine's memory bandwidth."""
+    if not engine.get("best"):
+        return "n/a"
+    return f"{row['bytes_per_token'] * engine['best'] / 1e9:.1f}"
 
 
 def _ratio(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
