@@ -488,9 +488,17 @@ static inline __attribute__((always_inline)) void int16_values(int qtype, const 
     }
 }
 
+/* The 8 sums of x over each 32 values of a 256-value block, from its 16 sums s over 16. */
+static inline __m256 chunk_sums(const float *s) {
+    const __m256 pairs = _mm256_hadd_ps(_mm256_loadu_ps(s), _mm256_loadu_ps(s + 8));
+    /* hadd keeps 128-bit lanes: chunks 0 1 4 5 | 2 3 6 7 */
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(pairs), 0xD8));
+}
+
 /* int8_tile's shape for the widened types: each chunk of the NR rows of W is widened once
  * (in registers) for all MR rows of x; sum(w v) per 32 values is below 2^24 (|w| <= 128,
- * |v| <= 32258), so its float is exact. */
+ * |v| <= 32258), so its float is exact. A 256-value block's 8 scales a * d and offsets
+ * b * s are taken 8 at a time (vectors), a 32-value block's one by one. */
 static inline __attribute__((always_inline)) void int16_tile(int qtype, const int MR,
                                                              const int NR, const int8_row *x,
                                                              int64_t K, const uint8_t *w,
@@ -498,18 +506,29 @@ static inline __attribute__((always_inline)) void int16_tile(int qtype, const in
                                                              int64_t ldy) {
     const int values = TYPES[qtype].values, bytes = TYPES[qtype].bytes, chunks = values / 32;
     const int has_offset = int16_has_offset(qtype);
-    __m256 acc[INT8_MAX_ROWS][4];
+    __m256 acc[INT8_MAX_ROWS][4], offsets[INT8_MAX_ROWS][4];
     float offset[INT8_MAX_ROWS][4];
     for (int i = 0; i < MR; i++)
         for (int r = 0; r < NR; r++) {
-            acc[i][r] = _mm256_setzero_ps();
+            acc[i][r] = offsets[i][r] = _mm256_setzero_ps();
             offset[i][r] = 0.0f;
         }
+    float ad[INT8_MAX_ROWS][4][8]; /* a 256-value block's a * d per chunk */
     for (int64_t blk = 0; blk < K / values; blk++) {
         const char *ahead = (const char *)w + PREFETCH_TILES * NR * row_bytes + blk * NR * bytes;
         for (int line = 0; line < NR * bytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
         float a[4][8], b[4][8];
         for (int r = 0; r < NR; r++) int16_scales(qtype, w + r * row_bytes + blk * bytes, a[r], b[r]);
+        if (chunks == 8)
+            for (int i = 0; i < MR; i++) {
+                const __m256 d = _mm256_loadu_ps(x[i].d + 8 * blk);
+                const __m256 sums = has_offset ? chunk_sums(x[i].s + 16 * blk) : d;
+                for (int r = 0; r < NR; r++) {
+                    _mm256_storeu_ps(ad[i][r], _mm256_mul_ps(_mm256_loadu_ps(a[r]), d));
+                    if (has_offset)
+                        offsets[i][r] = _mm256_fmadd_ps(_mm256_loadu_ps(b[r]), sums, offsets[i][r]);
+                }
+            }
         for (int c = 0; c < chunks; c++) {
             __m256i lo[4], hi[4];
             for (int r = 0; r < NR; r++)
@@ -518,19 +537,22 @@ static inline __attribute__((always_inline)) void int16_tile(int qtype, const in
                 const int64_t k = blk * values + 32 * c, g = k / 32;
                 const __m256i xa = _mm256_loadu_si256((const __m256i *)(x[i].v16 + k));
                 const __m256i xb = _mm256_loadu_si256((const __m256i *)(x[i].v16 + k + 16));
-                const float d = x[i].d[g], s = x[i].s[2 * g] + x[i].s[2 * g + 1];
                 for (int r = 0; r < NR; r++) {
                     const __m256i sums = _mm256_add_epi32(_mm256_madd_epi16(lo[r], xa),
                                                           _mm256_madd_epi16(hi[r], xb));
-                    acc[i][r] = _mm256_fmadd_ps(_mm256_set1_ps(a[r][c] * d),
-                                                _mm256_cvtepi32_ps(sums), acc[i][r]);
-                    if (has_offset) offset[i][r] += b[r][c] * s;
+                    const __m256 scale = chunks == 8 ? _mm256_broadcast_ss(&ad[i][r][c])
+                                                     : _mm256_set1_ps(a[r][0] * x[i].d[g]);
+                    acc[i][r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sums), acc[i][r]);
+                    if (has_offset && chunks == 1)
+                        offset[i][r] += b[r][0] * (x[i].s[2 * g] + x[i].s[2 * g + 1]);
                 }
             }
         }
     }
     for (int i = 0; i < MR; i++)
-        for (int r = 0; r < NR; r++) y[i * ldy + r] = int8_hsum(acc[i][r]) + offset[i][r];
+        for (int r = 0; r < NR; r++)
+            y[i * ldy + r] = int8_hsum(acc[i][r]) + (chunks == 8 ? int8_hsum(offsets[i][r])
+                                                                  : offset[i][r]);
 }
 
 #define INT16_TILE(MR, NR) \
