@@ -343,6 +343,22 @@ static inline __attribute__((always_inline)) void int8_tile(int qtype, const int
         for (int r = 0; r < NR; r++) y[i * ldy + r] = int8_hsum(acc[i][r]) + offset[i][r];
 }
 
+/* The body of a rows function: rows n0..n1 of W against every row of x, in tiles of up to
+ * INT8_MAX_ROWS rows of x by four rows of W (TILE(MR, NR) multiplies one); a single row of
+ * x with MR = 1 as a constant, so its accumulators live in registers. */
+#define TILED_ROWS(TILE)                                                          \
+    for (int64_t m = 0; m < M; m += INT8_MAX_ROWS) {                              \
+        const int rows = M - m < INT8_MAX_ROWS ? (int)(M - m) : INT8_MAX_ROWS;    \
+        int64_t n = n0;                                                           \
+        if (rows == 1) {                                                          \
+            for (; n + 4 <= n1; n += 4) TILE(1, 4);                               \
+            for (; n < n1; n++) TILE(1, 1);                                       \
+        } else {                                                                  \
+            for (; n + 4 <= n1; n += 4) TILE(rows, 4);                            \
+            for (; n < n1; n++) TILE(rows, 1);                                    \
+        }                                                                         \
+    }
+
 #define INT8_TILE(MR, NR) \
     int8_tile(qtype, TWO, MR, NR, x + m, K, w + n * row_bytes, row_bytes, y + m * N + n, N)
 
@@ -355,17 +371,7 @@ static inline __attribute__((always_inline)) void int8_rows(int qtype, const int
                                                             const uint8_t *w, int64_t N,
                                                             int64_t n0, int64_t n1, float *y) {
     const int64_t row_bytes = K / TYPES[qtype].values * TYPES[qtype].bytes;
-    for (int64_t m = 0; m < M; m += INT8_MAX_ROWS) {
-        const int rows = M - m < INT8_MAX_ROWS ? (int)(M - m) : INT8_MAX_ROWS;
-        int64_t n = n0;
-        if (rows == 1) {
-            for (; n + 4 <= n1; n += 4) INT8_TILE(1, 4);
-            for (; n < n1; n++) INT8_TILE(1, 1);
-        } else {
-            for (; n + 4 <= n1; n += 4) INT8_TILE(rows, 4);
-            for (; n < n1; n++) INT8_TILE(rows, 1);
-        }
-    }
+    TILED_ROWS(INT8_TILE)
 }
 
 /* ---- int16 activations: values widened to 16 bits ---------------------------------------- */
@@ -563,17 +569,7 @@ static inline __attribute__((always_inline)) void int16_rows(int qtype, const in
                                                              const uint8_t *w, int64_t N,
                                                              int64_t n0, int64_t n1, float *y) {
     const int64_t row_bytes = K / TYPES[qtype].values * TYPES[qtype].bytes;
-    for (int64_t m = 0; m < M; m += INT8_MAX_ROWS) {
-        const int rows = M - m < INT8_MAX_ROWS ? (int)(M - m) : INT8_MAX_ROWS;
-        int64_t n = n0;
-        if (rows == 1) {
-            for (; n + 4 <= n1; n += 4) INT16_TILE(1, 4);
-            for (; n < n1; n++) INT16_TILE(1, 1);
-        } else {
-            for (; n + 4 <= n1; n += 4) INT16_TILE(rows, 4);
-            for (; n < n1; n++) INT16_TILE(rows, 1);
-        }
-    }
+    TILED_ROWS(INT16_TILE)
 }
 
 /* ---- one function per type and precision ---------------------------------------------- */
