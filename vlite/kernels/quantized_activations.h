@@ -111,18 +111,19 @@ static void quantize_row_int16(const float *x, int64_t K, int16_t *v16, int8_t *
         __m256 v[4];
         const float largest = block_largest(x + 32 * blk, v);
         const float inverse = largest > 0.0f ? 32258.0f / largest : 0.0f;
-        __m256i lanes[4], high[4], rest[4];
-        for (int j = 0; j < 4; j++) {
-            lanes[j] = round_lanes(v[j], inverse);
-            high[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_cvtepi32_ps(lanes[j]), per_digit));
-            rest[j] = _mm256_sub_epi32(lanes[j], _mm256_mullo_epi32(high[j], _mm256_set1_epi32(254)));
-        }
+        __m256i lanes[4];
+        for (int j = 0; j < 4; j++) lanes[j] = round_lanes(v[j], inverse);
         if (v16 != NULL)
             for (int h = 0; h < 2; h++) /* packs interleaves 128-bit halves: permute back */
                 _mm256_storeu_si256((__m256i *)(v16 + 32 * blk + 16 * h),
                                     _mm256_permute4x64_epi64(
                                         _mm256_packs_epi32(lanes[2 * h], lanes[2 * h + 1]), 0xD8));
         if (q != NULL) {
+            __m256i high[4], rest[4];
+            for (int j = 0; j < 4; j++) {
+                high[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_cvtepi32_ps(lanes[j]), per_digit));
+                rest[j] = _mm256_sub_epi32(lanes[j], _mm256_mullo_epi32(high[j], _mm256_set1_epi32(254)));
+            }
             store_int8(high, q + 32 * blk);
             store_int8(rest, low + 32 * blk);
         }
@@ -376,12 +377,6 @@ static inline __attribute__((always_inline)) void int8_rows(int qtype, const int
 
 /* ---- int16 activations: values widened to 16 bits ---------------------------------------- */
 
-/* The types int16 activations multiply by values widened to 16 bits (madd), 32 at a time:
- * those whose widening costs no more than decoding to bytes (the rest: two int8 digits). */
-static inline int int16_widened(int qtype) {
-    return TYPES[qtype].values == 32 || qtype == VL_IQ4_XS || qtype == VL_Q4_K;
-}
-
 static inline int int16_has_offset(int qtype) {
     return qtype == VL_Q4_0 || qtype == VL_Q4_1 || qtype == VL_Q5_0 || qtype == VL_Q5_1 ||
            qtype == VL_Q4_K;
@@ -619,12 +614,13 @@ INT16_ROWS(iq4_nl, VL_IQ4_NL)
 INT16_ROWS(iq4_xs, VL_IQ4_XS)
 INT16_ROWS(q4_k, VL_Q4_K)
 
-/* int16 products: widened (int16_widened), or by two int8 digits. */
-static const int8_rows_fn INT16_ROWS_OF[VL_NUM_TYPES] = {
-    [VL_Q4_0] = q4_0_int16_rows,  [VL_Q4_1] = q4_1_int16_rows, [VL_Q8_0] = q8_0_int16_rows,
-    [VL_Q5_0] = q5_0_int16_rows,  [VL_Q5_1] = q5_1_int16_rows, [VL_IQ4_NL] = iq4_nl_int16_rows,
-    [VL_Q2_K] = q2_k_int8_rows,   [VL_Q3_K] = q3_k_int8_rows,  [VL_Q4_K] = q4_k_int16_rows,
-    [VL_Q5_K] = q5_k_int8_rows,   [VL_Q6_K] = q6_k_int8_rows,  [VL_IQ4_XS] = iq4_xs_int16_rows,
+/* The types int16 activations multiply by values widened to 16 bits (madd), 32 at a time:
+ * those whose widening costs no more than decoding to bytes. The others multiply the int16
+ * values' two int8 digits (INT8_ROWS_OF with the second digit). */
+static const int8_rows_fn WIDENED_ROWS_OF[VL_NUM_TYPES] = {
+    [VL_Q4_0] = q4_0_int16_rows,   [VL_Q4_1] = q4_1_int16_rows, [VL_Q8_0] = q8_0_int16_rows,
+    [VL_Q5_0] = q5_0_int16_rows,   [VL_Q5_1] = q5_1_int16_rows, [VL_IQ4_NL] = iq4_nl_int16_rows,
+    [VL_IQ4_XS] = iq4_xs_int16_rows, [VL_Q4_K] = q4_k_int16_rows,
 };
 #endif
 
@@ -648,8 +644,8 @@ int vl_matmul_quantized(int qtype, int bits, const float *x, int64_t M, int64_t 
                         const uint8_t *w, int64_t N, float *y, int num_threads) {
 #if defined(__AVX2__) && defined(__FMA__)
     if (!vl_has_quantized_activations(qtype) || (bits != 8 && bits != 16)) return -1;
-    const int widened = bits == 16 && int16_widened(qtype);
-    const int8_rows_fn rows_fn = (bits == 16 ? INT16_ROWS_OF : INT8_ROWS_OF)[qtype];
+    const int widened = bits == 16 && WIDENED_ROWS_OF[qtype] != NULL;
+    const int8_rows_fn rows_fn = (widened ? WIDENED_ROWS_OF : INT8_ROWS_OF)[qtype];
     int8_t *q = malloc((size_t)(bits / 8 * M * K));
     float *scales = malloc(sizeof(float) * (size_t)(M * (K / 32 + K / 16)));
     int8_row *rows = malloc(sizeof(int8_row) * (size_t)M);

@@ -155,9 +155,9 @@ class GGUFBlockFormat(WeightFormat):
         the plan's line: ``"int16 activations for Q4_K, Q6_K"``, or ``""`` when every one
         keeps float32."""
         groups: dict[str, list[str]] = {}
+        kernels = gguf_block_kernels()
         for tensor_type in sorted(tensor_types):
             activations = self.activations.get(tensor_type)
-            kernels = gguf_block_kernels()
             if activations and kernels.has_quantized_activations(tensor_type):
                 groups.setdefault(activations, []).append(tensor_type)
         return "; ".join(
