@@ -8,30 +8,29 @@
  * Activations: each row of x is cut into blocks of 32 values, and a block keeps integers
  * and one float scale d, at one of two precisions:
  *
- *   - int8 (llama.cpp's): q = round(x / d), d = max |x| / 127;
- *   - int16 (about 15 bits): v = round(x / d), d = max |x| / 32258 (= 127 * 254). The
- *     32-value types multiply v by their values widened to 16 bits (madd); the 256-value
- *     types, whose int8 decoding is cheaper than widening, multiply its two int8 digits
- *     v = 254 q + l (|l| <= 127) and join the two integer sums as 254 * sum(w q) + sum(w l).
+ *   - int8 (llama.cpp's): q = round(x / d), d = max |x| / 127, multiplied by the weights'
+ *     int8 values with maddubs (u8 x s8 pairs into 16 bits, at most 2 * 128 * 127; signed
+ *     weights as |w| and q * sign(w)), then by their sub-scales with madd;
+ *   - int16 (about 15 bits): v = round(x / d), d = max |x| / 32258 (127 * 254), multiplied
+ *     by the weights' values widened to 16 bits with madd (the 256-value types' bytes split
+ *     into even and odd lanes, their activations stored in that order: see k16_tile);
  *
- * plus the float sums s of each block's two halves of x (one per 16 values) for the types
- * with an offset, which multiply them unrounded.
+ * plus the float sums s of x over each 16 and each 32 values for the types with an offset,
+ * which multiply them unrounded.
  *
- * Weights: every type's values are, per 32-value chunk, integers w times a float a, with
- * 16-bit integer sub-scales per 16 values for the types that have them, plus an offset b
- * per 16 values: value = a * scale * w + b. So a chunk contributes
+ * Weights: every type's values are integers w times a float scale a per 16 or 32 values
+ * (a 16-bit integer sub-scale per 16 in the int8 kernels of Q2_K, Q3_K, Q6_K), plus an
+ * offset b per 16 or 32 values: value = a * w + b. So a group contributes
  *
- *     a * d * sum_halves(scale * sum(w * q)) + b_lo * s_lo + b_hi * s_hi
+ *     a * d * sum(w * v) + b * s
  *
- * with the integer part exact (maddubs: u8 x s8 pairs into 16 bits, at most 2 * 128 * 127;
- * madd by the sub-scales or v into 32 bits) and converted to float once per chunk (exactly
- * below 2^24; the int16 sums of Q6_K's largest sub-scales are rounded there, by at most
- * 2^-24 of the sum). Signed weights go through maddubs as |w| and q * sign(w); Q4_0 and
- * Q5_0 at int16 multiply their unsigned nibbles and take the - 8 a (- 16 a) as an offset.
- * The weights are exactly the file's values; only the activations multiplying w are rounded
- * (int8: about 0.4% of a block's largest value), which the agreement oracle judges per type
- * (see docs). Each row's result is summed in one order, chunk after chunk, whatever the
- * batch, so a row gives the same bits alone or in any batch.
+ * with the integer sum exact and converted to float once per group (exactly below 2^24;
+ * larger sums are rounded there, by at most 2^-24 of the sum). Q4_0 and Q5_0 at int16
+ * multiply their unsigned nibbles and take the - 8 a (- 16 a) as an offset. The weights are
+ * exactly the file's values; only the activations multiplying w are rounded (int8: about
+ * 0.4% of a block's largest value), which the agreement oracle judges per type (see docs).
+ * Each row's result is summed in one order, block after block, whatever the batch, so a row
+ * gives the same bits alone or in any batch.
  */
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -54,11 +53,11 @@ static inline void store_int8(const __m256i lanes[4], int8_t *out) {
 
 /* One row of x, quantized. */
 typedef struct {
-    const int8_t *q;    /* [K]: int8, or int16's first digit */
-    const int8_t *low;  /* [K]: int16's second digit, or NULL */
+    const int8_t *q;    /* [K]: int8 values, or NULL */
     const int16_t *v16; /* [K]: int16 values, or NULL */
     const float *d;     /* [K / 32] */
     const float *s;     /* [K / 16]: the sum of x over each 16 values */
+    const float *s32;   /* [K / 32]: over each 32 */
 } int8_row;
 
 /* One weight block as int8 chunks (a 32-value type uses chunk 0 and b[0..1]). */
@@ -102,30 +101,28 @@ static void quantize_row_int8(const float *x, int64_t K, int8_t *q, float *d, fl
     }
 }
 
-/* One row of x to int16 (v, d = max / 32258 per block), as v itself (v16) or as its two
- * int8 digits v = 254 q + l (q, low): whichever is not NULL; and the sums s. */
-static void quantize_row_int16(const float *x, int64_t K, int16_t *v16, int8_t *q, int8_t *low,
-                               float *d, float *s) {
-    const __m256 per_digit = _mm256_set1_ps(1.0f / 254.0f);
+/* One row of x to int16 (v16, d = max / 32258 per block) and the sums s; with even_odd
+ * each block's 16 even values first, then its 16 odd ones (the 256-value types' order). */
+static void quantize_row_int16(const float *x, int64_t K, int16_t *v16, int even_odd, float *d,
+                               float *s) {
     for (int64_t blk = 0; blk < K / 32; blk++) {
         __m256 v[4];
         const float largest = block_largest(x + 32 * blk, v);
         const float inverse = largest > 0.0f ? 32258.0f / largest : 0.0f;
         __m256i lanes[4];
         for (int j = 0; j < 4; j++) lanes[j] = round_lanes(v[j], inverse);
-        if (v16 != NULL)
-            for (int h = 0; h < 2; h++) /* packs interleaves 128-bit halves: permute back */
-                _mm256_storeu_si256((__m256i *)(v16 + 32 * blk + 16 * h),
-                                    _mm256_permute4x64_epi64(
-                                        _mm256_packs_epi32(lanes[2 * h], lanes[2 * h + 1]), 0xD8));
-        if (q != NULL) {
-            __m256i high[4], rest[4];
-            for (int j = 0; j < 4; j++) {
-                high[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_cvtepi32_ps(lanes[j]), per_digit));
-                rest[j] = _mm256_sub_epi32(lanes[j], _mm256_mullo_epi32(high[j], _mm256_set1_epi32(254)));
+        int16_t *out = v16 + 32 * blk;
+        for (int h = 0; h < 2; h++) /* packs interleaves 128-bit halves: permute back */
+            _mm256_storeu_si256((__m256i *)(out + 16 * h),
+                                _mm256_permute4x64_epi64(
+                                    _mm256_packs_epi32(lanes[2 * h], lanes[2 * h + 1]), 0xD8));
+        if (even_odd) {
+            int16_t values[32];
+            memcpy(values, out, sizeof values);
+            for (int l = 0; l < 16; l++) {
+                out[l] = values[2 * l];
+                out[16 + l] = values[2 * l + 1];
             }
-            store_int8(high, q + 32 * blk);
-            store_int8(rest, low + 32 * blk);
         }
         d[blk] = largest / 32258.0f;
         for (int h = 0; h < 2; h++) s[2 * blk + h] = int8_hsum(_mm256_add_ps(v[2 * h], v[2 * h + 1]));
@@ -160,9 +157,47 @@ static inline __m256i iq4_int8(const uint8_t *qs) {
                             _mm_shuffle_epi8(table, _mm_and_si128(bytes, low4)));
 }
 
+/* Chunk c (values 32 c .. 32 c + 31) of a K-quant block as 32 bytes, byte l for value
+ * 32 c + l: Q2_K, Q4_K and Q5_K unsigned, Q3_K and Q6_K signed (their - 4, - 32 applied). */
+static inline __attribute__((always_inline)) __m256i k_chunk_bytes(int qtype, const uint8_t *b,
+                                                                   int c) {
+    const __m256i low4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+    const __m256i two_bits = _mm256_set1_epi8(3);
+    const int h = c / 4, s = c % 4;
+    switch (qtype) {
+    case VL_Q2_K: /* bits 2 s of qs[32 h + l] */
+        return _mm256_and_si256(
+            _mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(b + 16 + 32 * h)), 2 * s),
+            two_bits);
+    case VL_Q3_K: { /* bits 2 s of qs[32 h + l], bit 4 h + s of hmask[l] as the third */
+        const __m256i bytes = _mm256_loadu_si256((const __m256i *)(b + 32 + 32 * h));
+        const __m256i hm = _mm256_loadu_si256((const __m256i *)b);
+        const __m256i low = _mm256_and_si256(_mm256_srli_epi16(bytes, 2 * s), two_bits);
+        const __m256i bit = _mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + s), one);
+        return _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(bit, 2)),
+                               _mm256_set1_epi8(4));
+    }
+    case VL_Q4_K:
+    case VL_Q5_K: { /* nibble c % 2 of qs[32 (c / 2) + l]; Q5_K: bit c of qh[l] as the fifth */
+        const int five = qtype == VL_Q5_K;
+        const __m256i bytes = _mm256_loadu_si256((const __m256i *)(b + (five ? 48 : 16) + 32 * (c / 2)));
+        const __m256i w = _mm256_and_si256(_mm256_srli_epi16(bytes, 4 * (c % 2)), low4);
+        if (!five) return w;
+        const __m256i high = _mm256_loadu_si256((const __m256i *)(b + 16));
+        return _mm256_or_si256(w, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(high, c), one), 4));
+    }
+    default: { /* Q6_K: nibble s / 2 of ql[64 h + 32 (s % 2) + l], bits 2 s of qh[32 h + l] */
+        const __m256i low_bytes = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32 * (s % 2)));
+        const __m256i high = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+        const __m256i low = _mm256_and_si256(_mm256_srli_epi16(low_bytes, 4 * (s / 2)), low4);
+        const __m256i top = _mm256_and_si256(_mm256_srli_epi16(high, 2 * s), two_bits);
+        return _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(top, 4)), _mm256_set1_epi8(32));
+    }
+    }
+}
+
 static inline __attribute__((always_inline)) void int8_decode(int qtype, const uint8_t *b,
                                                               int8_block *o) {
-    const __m256i low4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
     switch (qtype) {
     case VL_Q4_0:
         o->w[0] = _mm256_sub_epi8(split_nibbles(b + 2), _mm256_set1_epi8(8));
@@ -191,77 +226,46 @@ static inline __attribute__((always_inline)) void int8_decode(int qtype, const u
         o->w[0] = iq4_int8(b + 2);
         o->a[0] = fp16_to_fp32(b);
         break;
-    case VL_Q2_K: { /* chunk c = 4 h + s: bits 2s of qs[32 h + l]; groups 2c, 2c + 1 */
-        const uint8_t *scales = b, *qs = b + 16;
+    case VL_Q2_K: {
+        const uint8_t *scales = b;
         const float d = fp16_to_fp32(b + 80), dmin = fp16_to_fp32(b + 82);
-        for (int h = 0; h < 2; h++) {
-            const __m256i bytes = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
-            for (int s = 0; s < 4; s++) {
-                const int c = 4 * h + s;
-                o->w[c] = _mm256_and_si256(_mm256_srli_epi16(bytes, 2 * s), _mm256_set1_epi8(3));
-                o->scale[c] = int8_scales(scales[2 * c] & 15, scales[2 * c + 1] & 15);
-                o->a[c] = d;
-                o->b[2 * c] = -(dmin * (float)(scales[2 * c] >> 4));
-                o->b[2 * c + 1] = -(dmin * (float)(scales[2 * c + 1] >> 4));
-            }
+        for (int c = 0; c < 8; c++) {
+            o->w[c] = k_chunk_bytes(qtype, b, c);
+            o->scale[c] = int8_scales(scales[2 * c] & 15, scales[2 * c + 1] & 15);
+            o->a[c] = d;
+            o->b[2 * c] = -(dmin * (float)(scales[2 * c] >> 4));
+            o->b[2 * c + 1] = -(dmin * (float)(scales[2 * c + 1] >> 4));
         }
         break;
     }
     case VL_Q3_K: {
-        const uint8_t *qs = b + 32, *sc = b + 96;
         const float d = fp16_to_fp32(b + 108);
-        const __m256i hm = _mm256_loadu_si256((const __m256i *)b);
-        for (int h = 0; h < 2; h++) {
-            const __m256i bytes = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
-            for (int s = 0; s < 4; s++) {
-                const int c = 4 * h + s;
-                const __m256i low = _mm256_and_si256(_mm256_srli_epi16(bytes, 2 * s), _mm256_set1_epi8(3));
-                const __m256i bit = _mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + s), one);
-                o->w[c] = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(bit, 2)),
-                                          _mm256_set1_epi8(4));
-                o->scale[c] = int8_scales(q3_k_scale(sc, 2 * c), q3_k_scale(sc, 2 * c + 1));
-                o->a[c] = d;
-            }
+        for (int c = 0; c < 8; c++) {
+            o->w[c] = k_chunk_bytes(qtype, b, c);
+            o->scale[c] = int8_scales(q3_k_scale(b + 96, 2 * c), q3_k_scale(b + 96, 2 * c + 1));
+            o->a[c] = d;
         }
         break;
     }
     case VL_Q4_K:
     case VL_Q5_K: {
         const float d = fp16_to_fp32(b), dmin = fp16_to_fp32(b + 2);
-        const int five = qtype == VL_Q5_K;
-        const uint8_t *qs = b + (five ? 48 : 16);
         int sc[8], mn[8];
         k_scale_min(b + 4, sc, mn);
-        const __m256i high = five ? _mm256_loadu_si256((const __m256i *)(b + 16)) : low4;
         for (int c = 0; c < 8; c++) {
-            const __m256i bytes = _mm256_loadu_si256((const __m256i *)(qs + 32 * (c / 2)));
-            __m256i w = _mm256_and_si256(_mm256_srli_epi16(bytes, 4 * (c % 2)), low4);
-            if (five) {
-                const __m256i fifth = _mm256_and_si256(_mm256_srli_epi16(high, c), one);
-                w = _mm256_or_si256(w, _mm256_slli_epi16(fifth, 4));
-            }
-            o->w[c] = w;
+            o->w[c] = k_chunk_bytes(qtype, b, c);
             o->a[c] = d * (float)sc[c];
             o->b[2 * c] = o->b[2 * c + 1] = -(dmin * (float)mn[c]);
         }
         break;
     }
     case VL_Q6_K: {
-        const uint8_t *ql = b, *qh = b + 128;
         const int8_t *scales = (const int8_t *)(b + 192);
         const float d = fp16_to_fp32(b + 208);
-        for (int h = 0; h < 2; h++) {
-            const __m256i high = _mm256_loadu_si256((const __m256i *)(qh + 32 * h));
-            for (int s = 0; s < 4; s++) {
-                const int c = 4 * h + s;
-                const __m256i low_bytes = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32 * (s % 2)));
-                const __m256i low = _mm256_and_si256(_mm256_srli_epi16(low_bytes, 4 * (s / 2)), low4);
-                const __m256i top = _mm256_and_si256(_mm256_srli_epi16(high, 2 * s), _mm256_set1_epi8(3));
-                o->w[c] = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(top, 4)),
-                                          _mm256_set1_epi8(32));
-                o->scale[c] = int8_scales(scales[2 * c], scales[2 * c + 1]);
-                o->a[c] = d;
-            }
+        for (int c = 0; c < 8; c++) {
+            o->w[c] = k_chunk_bytes(qtype, b, c);
+            o->scale[c] = int8_scales(scales[2 * c], scales[2 * c + 1]);
+            o->a[c] = d;
         }
         break;
     }
@@ -288,6 +292,9 @@ static inline __m256i int8_pairs(__m256i w, __m256i x, int is_signed) {
                      : _mm256_maddubs_epi16(w, x);
 }
 
+/* Bytes of W the 256-value kernels prefetch ahead of the rows they read. */
+#define K16_AHEAD 8192
+
 /* Rows of x a tile takes at most (a decode step's: fewer than the GEMM's 32). */
 #define INT8_MAX_ROWS 32
 
@@ -295,15 +302,14 @@ static inline __m256i int8_pairs(__m256i w, __m256i x, int is_signed) {
  * W is decoded once for all MR rows of x. With MR = 1 (a constant) the accumulators live in
  * registers; otherwise in this stack frame (L1): the same operations in the same order, so
  * the same bits. */
-static inline __attribute__((always_inline)) void int8_tile(int qtype, const int TWO,
-                                                            const int MR,
+static inline __attribute__((always_inline)) void int8_tile(int qtype, const int MR,
                                                             const int NR, const int8_row *x,
                                                             int64_t K, const uint8_t *w,
                                                             int64_t row_bytes, float *y,
                                                             int64_t ldy) {
     const int values = TYPES[qtype].values, bytes = TYPES[qtype].bytes, chunks = values / 32;
     const int is_signed = int8_signed(qtype), has_offset = int8_has_offset(qtype);
-    const __m256i ones = _mm256_set1_epi16(1), digit = _mm256_set1_epi16(254);
+    const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[INT8_MAX_ROWS][4];
     float offset[INT8_MAX_ROWS][4];
     for (int i = 0; i < MR; i++)
@@ -318,19 +324,13 @@ static inline __attribute__((always_inline)) void int8_tile(int qtype, const int
         for (int r = 0; r < NR; r++) int8_decode(qtype, w + r * row_bytes + blk * bytes, &blocks[r]);
         for (int i = 0; i < MR; i++) {
             const int8_t *q = x[i].q + blk * values;
-            const int8_t *low = TWO ? x[i].low + blk * values : NULL;
             const float *d = x[i].d + blk * chunks, *s = x[i].s + 2 * blk * chunks;
             for (int c = 0; c < chunks; c++) {
                 const __m256i xq = _mm256_loadu_si256((const __m256i *)(q + 32 * c));
-                const __m256i xl = TWO ? _mm256_loadu_si256((const __m256i *)(low + 32 * c)) : xq;
                 for (int r = 0; r < NR; r++) {
                     const __m256i wv = blocks[r].w[c];
                     const __m256i sub = int8_has_subscales(qtype) ? blocks[r].scale[c] : ones;
-                    __m256i sums = _mm256_madd_epi16(int8_pairs(wv, xq, is_signed),
-                                                     TWO ? _mm256_mullo_epi16(sub, digit) : sub);
-                    if (TWO) /* 254 sum(w q) + sum(w l): at most 2^30 (Q6_K) */
-                        sums = _mm256_add_epi32(
-                            sums, _mm256_madd_epi16(int8_pairs(wv, xl, is_signed), sub));
+                    const __m256i sums = _mm256_madd_epi16(int8_pairs(wv, xq, is_signed), sub);
                     acc[i][r] = _mm256_fmadd_ps(_mm256_set1_ps(blocks[r].a[c] * d[c]),
                                                 _mm256_cvtepi32_ps(sums), acc[i][r]);
                     if (has_offset)
@@ -361,13 +361,12 @@ static inline __attribute__((always_inline)) void int8_tile(int qtype, const int
     }
 
 #define INT8_TILE(MR, NR) \
-    int8_tile(qtype, TWO, MR, NR, x + m, K, w + n * row_bytes, row_bytes, y + m * N + n, N)
+    int8_tile(qtype, MR, NR, x + m, K, w + n * row_bytes, row_bytes, y + m * N + n, N)
 
 /* Rows n0..n1 of W against every row of x: tiles of all (up to 32) rows of x by four rows
  * of W, so a block is decoded once per step, not once per row of x (a K-quant's decoding
  * costs as much as its products). */
-static inline __attribute__((always_inline)) void int8_rows(int qtype, const int TWO,
-                                                            const int8_row *x,
+static inline __attribute__((always_inline)) void int8_rows(int qtype, const int8_row *x,
                                                             int64_t M, int64_t K,
                                                             const uint8_t *w, int64_t N,
                                                             int64_t n0, int64_t n1, float *y) {
@@ -375,69 +374,33 @@ static inline __attribute__((always_inline)) void int8_rows(int qtype, const int
     TILED_ROWS(INT8_TILE)
 }
 
-/* ---- int16 activations: values widened to 16 bits ---------------------------------------- */
+/* ---- int16 activations on 32-value blocks: values widened to 16 bits --------------------- */
 
 static inline int int16_has_offset(int qtype) {
-    return qtype == VL_Q4_0 || qtype == VL_Q4_1 || qtype == VL_Q5_0 || qtype == VL_Q5_1 ||
-           qtype == VL_Q4_K;
+    return qtype == VL_Q4_0 || qtype == VL_Q4_1 || qtype == VL_Q5_0 || qtype == VL_Q5_1;
 }
 
-/* Per chunk of 32 values of block b: value = a[c] * w + offset[c] (Q4_0 and Q5_0: their
- * unsigned values and - 8 d, - 16 d; Q4_K: minus its minimum). */
+/* Block b: value = a * w + offset (Q4_0 and Q5_0: their unsigned values and - 8 d, - 16 d). */
 static inline __attribute__((always_inline)) void int16_scales(int qtype, const uint8_t *b,
                                                                float *a, float *offset) {
+    *a = fp16_to_fp32(b);
     switch (qtype) {
     case VL_Q4_0:
     case VL_Q5_0:
-        a[0] = fp16_to_fp32(b);
-        offset[0] = (qtype == VL_Q4_0 ? -8.0f : -16.0f) * a[0];
+        *offset = (qtype == VL_Q4_0 ? -8.0f : -16.0f) * *a;
         break;
     case VL_Q4_1:
     case VL_Q5_1:
-        a[0] = fp16_to_fp32(b);
-        offset[0] = fp16_to_fp32(b + 2);
+        *offset = fp16_to_fp32(b + 2);
         break;
-    case VL_Q8_0:
-    case VL_IQ4_NL:
-        a[0] = fp16_to_fp32(b);
-        offset[0] = 0.0f;
-        break;
-    case VL_IQ4_XS: {
-        const float d = fp16_to_fp32(b);
-        uint16_t scales_h;
-        memcpy(&scales_h, b + 2, 2);
-        for (int c = 0; c < 8; c++) {
-            const int low = (b[4 + c / 2] >> (4 * (c % 2))) & 15, high = (scales_h >> (2 * c)) & 3;
-            a[c] = d * (float)((low | (high << 4)) - 32);
-            offset[c] = 0.0f;
-        }
-        break;
-    }
-    case VL_Q4_K: {
-        const float d = fp16_to_fp32(b), dmin = fp16_to_fp32(b + 2);
-        int sc[8], mn[8];
-        k_scale_min(b + 4, sc, mn);
-        for (int c = 0; c < 8; c++) {
-            a[c] = d * (float)sc[c];
-            offset[c] = -(dmin * (float)mn[c]);
-        }
-        break;
-    }
+    default: /* Q8_0, IQ4_NL */
+        *offset = 0.0f;
     }
 }
 
-/* IQ4's 16 bytes of nibbles -> its 32 table values as 16-bit lanes (low nibbles first). */
-static inline void iq4_int16(const uint8_t *qs, __m256i *lo, __m256i *hi) {
-    const __m128i table = _mm_loadu_si128((const __m128i *)IQ4_VALUES);
-    const __m128i bytes = _mm_loadu_si128((const __m128i *)qs), l4 = _mm_set1_epi8(15);
-    *lo = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(table, _mm_and_si128(bytes, l4)));
-    *hi = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(bytes, 4), l4)));
-}
-
-/* Chunk c of block b as 16-bit integers w: values 0..15 in lo, 16..31 in hi. */
+/* Block b's 32 values as 16-bit integers w: values 0..15 in lo, 16..31 in hi. */
 static inline __attribute__((always_inline)) void int16_values(int qtype, const uint8_t *b,
-                                                               int c, __m256i *lo,
-                                                               __m256i *hi) {
+                                                               __m256i *lo, __m256i *hi) {
     const __m256i low4 = _mm256_set1_epi16(15);
     switch (qtype) {
     case VL_Q4_0:
@@ -472,88 +435,54 @@ static inline __attribute__((always_inline)) void int16_values(int qtype, const 
         *hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
         break;
     }
-    case VL_IQ4_NL:
-        iq4_int16(b + 2, lo, hi);
-        break;
-    case VL_IQ4_XS:
-        iq4_int16(b + 8 + 16 * c, lo, hi);
-        break;
-    case VL_Q4_K: { /* chunk c: nibble c % 2 of qs[32 (c / 2) + l] */
-        const uint8_t *qs = b + 16 + 32 * (c / 2);
-        const __m256i v0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)qs));
-        const __m256i v1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(qs + 16)));
-        *lo = c % 2 ? _mm256_srli_epi16(v0, 4) : _mm256_and_si256(v0, low4);
-        *hi = c % 2 ? _mm256_srli_epi16(v1, 4) : _mm256_and_si256(v1, low4);
-        break;
+    default: { /* IQ4_NL: the table's values of 16 bytes of nibbles, low nibbles first */
+        const __m128i table = _mm_loadu_si128((const __m128i *)IQ4_VALUES);
+        const __m128i bytes = _mm_loadu_si128((const __m128i *)(b + 2)), l4 = _mm_set1_epi8(15);
+        *lo = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(table, _mm_and_si128(bytes, l4)));
+        *hi = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(bytes, 4), l4)));
     }
     }
 }
 
-/* The 8 sums of x over each 32 values of a 256-value block, from its 16 sums s over 16. */
-static inline __m256 chunk_sums(const float *s) {
-    const __m256 pairs = _mm256_hadd_ps(_mm256_loadu_ps(s), _mm256_loadu_ps(s + 8));
-    /* hadd keeps 128-bit lanes: chunks 0 1 4 5 | 2 3 6 7 */
-    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(pairs), 0xD8));
-}
-
-/* int8_tile's shape for the widened types: each chunk of the NR rows of W is widened once
+/* int8_tile's shape for the 32-value types: each block of the NR rows of W is widened once
  * (in registers) for all MR rows of x; sum(w v) per 32 values is below 2^24 (|w| <= 128,
- * |v| <= 32258), so its float is exact. A 256-value block's 8 scales a * d and offsets
- * b * s are taken 8 at a time (vectors), a 32-value block's one by one. */
+ * |v| <= 32258), so its float is exact. */
 static inline __attribute__((always_inline)) void int16_tile(int qtype, const int MR,
                                                              const int NR, const int8_row *x,
                                                              int64_t K, const uint8_t *w,
                                                              int64_t row_bytes, float *y,
                                                              int64_t ldy) {
-    const int values = TYPES[qtype].values, bytes = TYPES[qtype].bytes, chunks = values / 32;
-    const int has_offset = int16_has_offset(qtype);
-    __m256 acc[INT8_MAX_ROWS][4], offsets[INT8_MAX_ROWS][4];
+    const int bytes = TYPES[qtype].bytes, has_offset = int16_has_offset(qtype);
+    __m256 acc[INT8_MAX_ROWS][4];
     float offset[INT8_MAX_ROWS][4];
     for (int i = 0; i < MR; i++)
         for (int r = 0; r < NR; r++) {
-            acc[i][r] = offsets[i][r] = _mm256_setzero_ps();
+            acc[i][r] = _mm256_setzero_ps();
             offset[i][r] = 0.0f;
         }
-    float ad[INT8_MAX_ROWS][4][8]; /* a 256-value block's a * d per chunk */
-    for (int64_t blk = 0; blk < K / values; blk++) {
+    for (int64_t blk = 0; blk < K / 32; blk++) {
         const char *ahead = (const char *)w + PREFETCH_TILES * NR * row_bytes + blk * NR * bytes;
         for (int line = 0; line < NR * bytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
-        float a[4][8], b[4][8];
-        for (int r = 0; r < NR; r++) int16_scales(qtype, w + r * row_bytes + blk * bytes, a[r], b[r]);
-        if (chunks == 8)
-            for (int i = 0; i < MR; i++) {
-                const __m256 d = _mm256_loadu_ps(x[i].d + 8 * blk);
-                const __m256 sums = has_offset ? chunk_sums(x[i].s + 16 * blk) : d;
-                for (int r = 0; r < NR; r++) {
-                    _mm256_storeu_ps(ad[i][r], _mm256_mul_ps(_mm256_loadu_ps(a[r]), d));
-                    if (has_offset)
-                        offsets[i][r] = _mm256_fmadd_ps(_mm256_loadu_ps(b[r]), sums, offsets[i][r]);
-                }
-            }
-        for (int c = 0; c < chunks; c++) {
-            __m256i lo[4], hi[4];
-            for (int r = 0; r < NR; r++)
-                int16_values(qtype, w + r * row_bytes + blk * bytes, c, &lo[r], &hi[r]);
-            for (int i = 0; i < MR; i++) {
-                const int64_t k = blk * values + 32 * c, g = k / 32;
-                const __m256i xa = _mm256_loadu_si256((const __m256i *)(x[i].v16 + k));
-                const __m256i xb = _mm256_loadu_si256((const __m256i *)(x[i].v16 + k + 16));
-                for (int r = 0; r < NR; r++) {
-                    const __m256i sums = _mm256_add_epi32(_mm256_madd_epi16(lo[r], xa),
-                                                          _mm256_madd_epi16(hi[r], xb));
-                    const __m256 scale = chunks == 8 ? _mm256_broadcast_ss(&ad[i][r][c])
-                                                     : _mm256_set1_ps(a[r][0] * x[i].d[g]);
-                    acc[i][r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sums), acc[i][r]);
-                    if (has_offset && chunks == 1)
-                        offset[i][r] += b[r][0] * (x[i].s[2 * g] + x[i].s[2 * g + 1]);
-                }
+        float a[4], b[4];
+        __m256i lo[4], hi[4];
+        for (int r = 0; r < NR; r++) {
+            int16_scales(qtype, w + r * row_bytes + blk * bytes, &a[r], &b[r]);
+            int16_values(qtype, w + r * row_bytes + blk * bytes, &lo[r], &hi[r]);
+        }
+        for (int i = 0; i < MR; i++) {
+            const __m256i xa = _mm256_loadu_si256((const __m256i *)(x[i].v16 + 32 * blk));
+            const __m256i xb = _mm256_loadu_si256((const __m256i *)(x[i].v16 + 32 * blk + 16));
+            for (int r = 0; r < NR; r++) {
+                const __m256i sums = _mm256_add_epi32(_mm256_madd_epi16(lo[r], xa),
+                                                      _mm256_madd_epi16(hi[r], xb));
+                acc[i][r] = _mm256_fmadd_ps(_mm256_set1_ps(a[r] * x[i].d[blk]),
+                                            _mm256_cvtepi32_ps(sums), acc[i][r]);
+                if (has_offset) offset[i][r] += b[r] * x[i].s32[blk];
             }
         }
     }
     for (int i = 0; i < MR; i++)
-        for (int r = 0; r < NR; r++)
-            y[i * ldy + r] = int8_hsum(acc[i][r]) + (chunks == 8 ? int8_hsum(offsets[i][r])
-                                                                  : offset[i][r]);
+        for (int r = 0; r < NR; r++) y[i * ldy + r] = int8_hsum(acc[i][r]) + offset[i][r];
 }
 
 #define INT16_TILE(MR, NR) \
@@ -563,8 +492,237 @@ static inline __attribute__((always_inline)) void int16_rows(int qtype, const in
                                                              int64_t M, int64_t K,
                                                              const uint8_t *w, int64_t N,
                                                              int64_t n0, int64_t n1, float *y) {
-    const int64_t row_bytes = K / TYPES[qtype].values * TYPES[qtype].bytes;
+    const int64_t row_bytes = K / 32 * TYPES[qtype].bytes;
     TILED_ROWS(INT16_TILE)
+}
+
+/* ---- int16 activations on 256-value blocks: even and odd values apart -------------------
+ *
+ * A 256-value type's 16-bit lanes come from its bytes without a shuffle: lane k of a
+ * 32-byte vector holds bytes 2 k and 2 k + 1, so (v & 255, v >> 8) are the even and odd
+ * values of a chunk (sign-extended for the signed types; Q4_K's two nibbles of each byte are
+ * two more shifts). So these types' activations are stored per 32 values as the 16 even
+ * values, then the 16 odd ones (quantize_row_int16's even_odd), and a chunk's product is
+ * madd(even) + madd(odd): 8 int32 lanes, lanes 0..3 summing its first 16 values, 4..7 its
+ * last 16. Two rounds of hadd over four chunks give their sums per 16 values, groups in
+ * TREE_ORDER (g = 2 chunk + half: 0 2 4 6 1 3 5 7); the types scaled per 32 values add the
+ * halves into the 8 sums per chunk. Scales and offsets come in the same order, so a block
+ * ends in a few float operations per row. Each integer sum is at most 32 * 127 * 32258
+ * (IQ4_XS), inside int32. */
+
+/* Types whose scales and offsets are per 32 values (the others': per 16). */
+static inline int k16_per_chunk(int qtype) {
+    return qtype == VL_Q4_K || qtype == VL_Q5_K || qtype == VL_IQ4_XS;
+}
+
+/* Tree order: 8 values of groups 0..7 (or 8..15) as groups 0 2 4 6 1 3 5 7. */
+static inline __m256 tree_order(__m256 groups) {
+    return _mm256_permutevar8x32_ps(groups, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+}
+
+/* 8 int32 (8 bytes at p, unsigned or signed) as floats. */
+static inline __m256 bytes_to_floats(const void *p, int is_signed) {
+    const __m128i v = _mm_loadl_epi64((const __m128i *)p);
+    return _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v));
+}
+
+/* Block b's scales a and offsets o (value = a * w + o for the integers w of k16_values):
+ * per chunk in a[0], o[0] (k16_per_chunk), else per 16 values in tree order, groups 0..7 in
+ * a[0], o[0] and 8..15 in a[1], o[1]. */
+static inline __attribute__((always_inline)) void k16_scales(int qtype, const uint8_t *b,
+                                                             __m256 a[2], __m256 o[2]) {
+    switch (qtype) {
+    case VL_Q4_K:
+    case VL_Q5_K: { /* k_scale_min's 6-bit scales and minimums, 4 bytes at a time */
+        const float d = fp16_to_fp32(b), dmin = fp16_to_fp32(b + 2);
+        uint32_t u[4];
+        memcpy(u, b + 4, 12);
+        const uint32_t six = 0x3f3f3f3f, four = 0x0f0f0f0f, two = 0x03030303;
+        u[3] = ((u[2] >> 4) & four) | (((u[1] >> 6) & two) << 4); /* minimums 4..7 */
+        const uint32_t minimums = u[1] & six;                         /* minimums 0..3 */
+        u[1] = (u[2] & four) | (((u[0] >> 6) & two) << 4);          /* scales 4..7 */
+        u[2] = minimums;
+        u[0] &= six; /* scales 0..3 */
+        a[0] = _mm256_mul_ps(_mm256_set1_ps(d), bytes_to_floats(u, 0));
+        o[0] = _mm256_mul_ps(_mm256_set1_ps(-dmin), bytes_to_floats(u + 2, 0));
+        break;
+    }
+    case VL_IQ4_XS: { /* 6-bit scales: a nibble of scales_l[c / 2], bits 2 c of scales_h */
+        uint16_t scales_h;
+        uint32_t scales_l;
+        memcpy(&scales_h, b + 2, 2);
+        memcpy(&scales_l, b + 4, 4);
+        const __m256i low = _mm256_and_si256(
+            _mm256_srlv_epi32(_mm256_set1_epi32((int)scales_l), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+            _mm256_set1_epi32(15));
+        const __m256i high = _mm256_and_si256(
+            _mm256_srlv_epi32(_mm256_set1_epi32(scales_h), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+            _mm256_set1_epi32(3));
+        const __m256i ls = _mm256_sub_epi32(_mm256_or_si256(low, _mm256_slli_epi32(high, 4)),
+                                            _mm256_set1_epi32(32));
+        a[0] = _mm256_mul_ps(_mm256_set1_ps(fp16_to_fp32(b)), _mm256_cvtepi32_ps(ls));
+        o[0] = _mm256_setzero_ps();
+        break;
+    }
+    case VL_Q2_K: { /* scales[g]: low nibble the scale, high nibble the minimum */
+        const float d = fp16_to_fp32(b + 80), dmin = fp16_to_fp32(b + 82);
+        for (int half = 0; half < 2; half++) {
+            const __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + 8 * half)));
+            const __m256 scale = _mm256_cvtepi32_ps(_mm256_and_si256(sc, _mm256_set1_epi32(15)));
+            const __m256 minimum = _mm256_cvtepi32_ps(_mm256_srli_epi32(sc, 4));
+            a[half] = tree_order(_mm256_mul_ps(_mm256_set1_ps(d), scale));
+            o[half] = tree_order(_mm256_mul_ps(_mm256_set1_ps(-dmin), minimum));
+        }
+        break;
+    }
+    case VL_Q3_K: { /* q3_k_scale, 8 groups at a time */
+        const uint8_t *sc = b + 96;
+        const __m256 d = _mm256_set1_ps(fp16_to_fp32(b + 108));
+        uint32_t high_bytes;
+        memcpy(&high_bytes, sc + 8, 4);
+        const __m256i low_bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sc));
+        const __m256i high_shifts[2] = {_mm256_setr_epi32(0, 8, 16, 24, 2, 10, 18, 26),
+                                        _mm256_setr_epi32(4, 12, 20, 28, 6, 14, 22, 30)};
+        for (int half = 0; half < 2; half++) {
+            const __m256i low = _mm256_and_si256(_mm256_srli_epi32(low_bytes, 4 * half), _mm256_set1_epi32(15));
+            const __m256i high = _mm256_and_si256(
+                _mm256_srlv_epi32(_mm256_set1_epi32((int)high_bytes), high_shifts[half]), _mm256_set1_epi32(3));
+            const __m256i scale = _mm256_sub_epi32(_mm256_or_si256(low, _mm256_slli_epi32(high, 4)),
+                                                   _mm256_set1_epi32(32));
+            a[half] = tree_order(_mm256_mul_ps(d, _mm256_cvtepi32_ps(scale)));
+            o[half] = _mm256_setzero_ps();
+        }
+        break;
+    }
+    default: { /* Q6_K: int8 scales */
+        const float d = fp16_to_fp32(b + 208);
+        for (int half = 0; half < 2; half++) {
+            a[half] = tree_order(_mm256_mul_ps(_mm256_set1_ps(d), bytes_to_floats(b + 192 + 8 * half, 1)));
+            o[half] = _mm256_setzero_ps();
+        }
+        break;
+    }
+    }
+}
+
+/* Block b's 256 values as 16-bit lanes: w[2 c] the even values of chunk c, w[2 c + 1] its
+ * odd ones. */
+static inline __attribute__((always_inline)) void k16_values(int qtype, const uint8_t *b,
+                                                             __m256i w[16]) {
+    const __m256i byte = _mm256_set1_epi16(255), low4 = _mm256_set1_epi16(15);
+    if (qtype == VL_Q4_K) { /* a byte's two nibbles are chunks 2 j and 2 j + 1 */
+        for (int j = 0; j < 4; j++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * j));
+            w[4 * j] = _mm256_and_si256(v, low4);
+            w[4 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 8), low4);
+            w[4 * j + 2] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+            w[4 * j + 3] = _mm256_srli_epi16(v, 12);
+        }
+        return;
+    }
+    for (int c = 0; c < 8; c++) {
+        __m256i v;
+        if (qtype == VL_IQ4_XS) { /* the table's values: low nibbles, then high */
+            const __m128i nibbles = _mm_loadu_si128((const __m128i *)(b + 8 + 16 * c));
+            const __m128i l4 = _mm_set1_epi8(15);
+            const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_VALUES));
+            v = _mm256_shuffle_epi8(table, _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(nibbles, 4), l4),
+                                                            _mm_and_si128(nibbles, l4)));
+        } else {
+            v = k_chunk_bytes(qtype, b, c);
+        }
+        if (int8_signed(qtype)) {
+            w[2 * c] = _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 8);
+            w[2 * c + 1] = _mm256_srai_epi16(v, 8);
+        } else {
+            w[2 * c] = _mm256_and_si256(v, byte);
+            w[2 * c + 1] = _mm256_srli_epi16(v, 8);
+        }
+    }
+}
+
+/* The integer sums of block blk of W (values wv) with row x: per chunk (k16_per_chunk) in
+ * sums[0], else per 16 values in tree order in sums[0] (groups 0..7) and sums[1]. */
+static inline __attribute__((always_inline)) void k16_sums(int qtype, const __m256i wv[16],
+                                                           const int16_t *xv, __m256i sums[2]) {
+    __m256i t[8];
+    for (int c = 0; c < 8; c++)
+        t[c] = _mm256_add_epi32(
+            _mm256_madd_epi16(wv[2 * c], _mm256_loadu_si256((const __m256i *)(xv + 32 * c))),
+            _mm256_madd_epi16(wv[2 * c + 1], _mm256_loadu_si256((const __m256i *)(xv + 32 * c + 16))));
+    for (int half = 0; half < 2; half++)
+        sums[half] = _mm256_hadd_epi32(_mm256_hadd_epi32(t[4 * half], t[4 * half + 1]),
+                                       _mm256_hadd_epi32(t[4 * half + 2], t[4 * half + 3]));
+    if (k16_per_chunk(qtype)) /* [c0..3 first halves | second halves], the same for c4..7 */
+        sums[0] = _mm256_add_epi32(_mm256_permute2x128_si256(sums[0], sums[1], 0x20),
+                                   _mm256_permute2x128_si256(sums[0], sums[1], 0x31));
+}
+
+/* int16_tile for the 256-value types: per block and row of W, its values once (k16_values),
+ * then per row of x 16 madds, the hadd rounds, and its scales and offsets. */
+static inline __attribute__((always_inline)) void k16_tile(int qtype, const int MR, const int NR,
+                                                           const int8_row *x, int64_t K,
+                                                           const uint8_t *w, int64_t row_bytes,
+                                                           float *y, int64_t ldy) {
+    const int bytes = TYPES[qtype].bytes, has_offset = int8_has_offset(qtype);
+    const int per_chunk = k16_per_chunk(qtype), parts = per_chunk ? 1 : 2;
+    /* prefetch K16_AHEAD bytes ahead (in tiles: at least one) */
+    const int64_t ahead_tiles = 1 + K16_AHEAD / (NR * row_bytes);
+    __m256 acc[INT8_MAX_ROWS][4];
+    for (int i = 0; i < MR; i++)
+        for (int r = 0; r < NR; r++) acc[i][r] = _mm256_setzero_ps();
+    for (int64_t blk = 0; blk < K / 256; blk++) {
+        const char *ahead = (const char *)w + ahead_tiles * NR * row_bytes + blk * NR * bytes;
+        for (int line = 0; line < NR * bytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+        __m256 dx[INT8_MAX_ROWS][2], sx[INT8_MAX_ROWS][2]; /* x's scales and sums, in order */
+        for (int i = 0; i < MR; i++) {
+            const __m256 d = _mm256_loadu_ps(x[i].d + 8 * blk);
+            if (per_chunk) {
+                dx[i][0] = d;
+                sx[i][0] = _mm256_loadu_ps(x[i].s32 + 8 * blk);
+            } else {
+                dx[i][0] = _mm256_permutevar8x32_ps(d, _mm256_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3));
+                dx[i][1] = _mm256_permutevar8x32_ps(d, _mm256_setr_epi32(4, 5, 6, 7, 4, 5, 6, 7));
+                for (int half = 0; half < 2 && has_offset; half++)
+                    sx[i][half] = tree_order(_mm256_loadu_ps(x[i].s + 16 * blk + 8 * half));
+            }
+        }
+        for (int r = 0; r < NR; r++) {
+            const uint8_t *block = w + r * row_bytes + blk * bytes;
+            __m256 a[2], o[2];
+            __m256i wv[16];
+            k16_scales(qtype, block, a, o);
+            k16_values(qtype, block, wv);
+            for (int i = 0; i < MR; i++) {
+                __m256i sums[2];
+                k16_sums(qtype, wv, x[i].v16 + blk * 256, sums);
+                for (int part = 0; part < parts; part++) {
+                    acc[i][r] = _mm256_fmadd_ps(_mm256_mul_ps(a[part], dx[i][part]),
+                                                _mm256_cvtepi32_ps(sums[part]), acc[i][r]);
+                    if (has_offset) acc[i][r] = _mm256_fmadd_ps(o[part], sx[i][part], acc[i][r]);
+                }
+            }
+        }
+    }
+    for (int i = 0; i < MR; i++)
+        for (int r = 0; r < NR; r++) y[i * ldy + r] = int8_hsum(acc[i][r]);
+}
+
+#define K16_TILE(MR, NR) \
+    k16_tile(qtype, MR, NR, x + m, K, w + n * row_bytes, row_bytes, y + m * N + n, N)
+
+/* One row of x streams W row after row (no reuse to tile for), several rows of x in tiles
+ * of four rows of W (each block widened once for all of them). */
+static inline __attribute__((always_inline)) void k16_rows(int qtype, const int8_row *x,
+                                                           int64_t M, int64_t K, const uint8_t *w,
+                                                           int64_t N, int64_t n0, int64_t n1,
+                                                           float *y) {
+    const int64_t row_bytes = K / 256 * TYPES[qtype].bytes;
+    if (M == 1) {
+        for (int64_t n = n0; n < n1; n++) k16_tile(qtype, 1, 1, x, K, w + n * row_bytes, row_bytes, y + n, N);
+        return;
+    }
+    TILED_ROWS(K16_TILE)
 }
 
 /* ---- one function per type and precision ---------------------------------------------- */
@@ -575,10 +733,7 @@ typedef void (*int8_rows_fn)(const int8_row *, int64_t, int64_t, const uint8_t *
 #define INT8_ROWS(name, code)                                                              \
     static void name##_int8_rows(const int8_row *x, int64_t M, int64_t K, const uint8_t *w, \
                                  int64_t N, int64_t n0, int64_t n1, float *y) {             \
-        if (x[0].low != NULL)                                                               \
-            int8_rows(code, 1, x, M, K, w, N, n0, n1, y);                                   \
-        else                                                                                \
-            int8_rows(code, 0, x, M, K, w, N, n0, n1, y);                                   \
+        int8_rows(code, x, M, K, w, N, n0, n1, y);                                          \
     }
 INT8_ROWS(q4_0, VL_Q4_0)
 INT8_ROWS(q4_1, VL_Q4_1)
@@ -611,16 +766,25 @@ INT16_ROWS(q8_0, VL_Q8_0)
 INT16_ROWS(q5_0, VL_Q5_0)
 INT16_ROWS(q5_1, VL_Q5_1)
 INT16_ROWS(iq4_nl, VL_IQ4_NL)
-INT16_ROWS(iq4_xs, VL_IQ4_XS)
-INT16_ROWS(q4_k, VL_Q4_K)
 
-/* The types int16 activations multiply by values widened to 16 bits (madd), 32 at a time:
- * those whose widening costs no more than decoding to bytes. The others multiply the int16
- * values' two int8 digits (INT8_ROWS_OF with the second digit). */
-static const int8_rows_fn WIDENED_ROWS_OF[VL_NUM_TYPES] = {
+#define K16_ROWS(name, code)                                                                 \
+    static void name##_int16_rows(const int8_row *x, int64_t M, int64_t K, const uint8_t *w, \
+                                  int64_t N, int64_t n0, int64_t n1, float *y) {             \
+        k16_rows(code, x, M, K, w, N, n0, n1, y);                                            \
+    }
+K16_ROWS(iq4_xs, VL_IQ4_XS)
+K16_ROWS(q2_k, VL_Q2_K)
+K16_ROWS(q3_k, VL_Q3_K)
+K16_ROWS(q4_k, VL_Q4_K)
+K16_ROWS(q5_k, VL_Q5_K)
+K16_ROWS(q6_k, VL_Q6_K)
+
+/* int16 activations: every type's values widened to 16 bits (madd). */
+static const int8_rows_fn INT16_ROWS_OF[VL_NUM_TYPES] = {
     [VL_Q4_0] = q4_0_int16_rows,   [VL_Q4_1] = q4_1_int16_rows, [VL_Q8_0] = q8_0_int16_rows,
     [VL_Q5_0] = q5_0_int16_rows,   [VL_Q5_1] = q5_1_int16_rows, [VL_IQ4_NL] = iq4_nl_int16_rows,
-    [VL_IQ4_XS] = iq4_xs_int16_rows, [VL_Q4_K] = q4_k_int16_rows,
+    [VL_IQ4_XS] = iq4_xs_int16_rows, [VL_Q2_K] = q2_k_int16_rows, [VL_Q3_K] = q3_k_int16_rows,
+    [VL_Q4_K] = q4_k_int16_rows,     [VL_Q5_K] = q5_k_int16_rows, [VL_Q6_K] = q6_k_int16_rows,
 };
 #endif
 
@@ -644,10 +808,10 @@ int vl_matmul_quantized(int qtype, int bits, const float *x, int64_t M, int64_t 
                         const uint8_t *w, int64_t N, float *y, int num_threads) {
 #if defined(__AVX2__) && defined(__FMA__)
     if (!vl_has_quantized_activations(qtype) || (bits != 8 && bits != 16)) return -1;
-    const int widened = bits == 16 && WIDENED_ROWS_OF[qtype] != NULL;
-    const int8_rows_fn rows_fn = (widened ? WIDENED_ROWS_OF : INT8_ROWS_OF)[qtype];
+    const int8_rows_fn rows_fn = (bits == 16 ? INT16_ROWS_OF : INT8_ROWS_OF)[qtype];
     int8_t *q = malloc((size_t)(bits / 8 * M * K));
-    float *scales = malloc(sizeof(float) * (size_t)(M * (K / 32 + K / 16)));
+    const int64_t per_row = K / 32 + K / 16 + K / 32; /* d, s, s32 */
+    float *scales = malloc(sizeof(float) * (size_t)(M * per_row));
     int8_row *rows = malloc(sizeof(int8_row) * (size_t)M);
     if (q == NULL || scales == NULL || rows == NULL) {
         free(q);
@@ -656,18 +820,15 @@ int vl_matmul_quantized(int qtype, int bits, const float *x, int64_t M, int64_t 
         return -1;
     }
     for (int64_t m = 0; m < M; m++) {
-        float *d = scales + m * (K / 32 + K / 16), *s = d + K / 32;
-        int8_row row = {q + m * K, NULL, NULL, d, s};
-        if (widened) {
-            row = (int8_row){NULL, NULL, (int16_t *)q + m * K, d, s};
-            quantize_row_int16(x + m * K, K, (int16_t *)q + m * K, NULL, NULL, d, s);
-        } else if (bits == 16) {
-            row.low = q + (M + m) * K;
-            quantize_row_int16(x + m * K, K, NULL, q + m * K, q + (M + m) * K, d, s);
+        float *d = scales + m * per_row, *s = d + K / 32, *s32 = s + K / 16;
+        if (bits == 16) {
+            rows[m] = (int8_row){NULL, (int16_t *)q + m * K, d, s, s32};
+            quantize_row_int16(x + m * K, K, (int16_t *)q + m * K, TYPES[qtype].values == 256, d, s);
         } else {
+            rows[m] = (int8_row){q + m * K, NULL, d, s, s32};
             quantize_row_int8(x + m * K, K, q + m * K, d, s);
         }
-        rows[m] = row;
+        for (int64_t g = 0; g < K / 32; g++) s32[g] = s[2 * g] + s[2 * g + 1];
     }
     const int64_t chunk = 16, num_chunks = (N + chunk - 1) / chunk;
 #pragma omp parallel for schedule(static) num_threads(num_threads)
