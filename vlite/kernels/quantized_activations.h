@@ -730,11 +730,7 @@ static inline __attribute__((always_inline)) void k16_rows(int qtype, const int8
 typedef void (*int8_rows_fn)(const int8_row *, int64_t, int64_t, const uint8_t *, int64_t,
                              int64_t, int64_t, float *);
 
-#define INT8_ROWS(name, code)                                                              \
-    static void name##_int8_rows(const int8_row *x, int64_t M, int64_t K, const uint8_t *w, \
-                                 int64_t N, int64_t n0, int64_t n1, float *y) {             \
-        int8_rows(code, x, M, K, w, N, n0, n1, y);                                          \
-    }
+#define INT8_ROWS(name, code) TYPED_ROWS(name##_int8_rows, int8_rows, int8_row, code)
 INT8_ROWS(q4_0, VL_Q4_0)
 INT8_ROWS(q4_1, VL_Q4_1)
 INT8_ROWS(q8_0, VL_Q8_0)
@@ -755,11 +751,7 @@ static const int8_rows_fn INT8_ROWS_OF[VL_NUM_TYPES] = {
     [VL_Q5_K] = q5_k_int8_rows,   [VL_Q6_K] = q6_k_int8_rows, [VL_IQ4_XS] = iq4_xs_int8_rows,
 };
 
-#define INT16_ROWS(name, code)                                                               \
-    static void name##_int16_rows(const int8_row *x, int64_t M, int64_t K, const uint8_t *w, \
-                                  int64_t N, int64_t n0, int64_t n1, float *y) {             \
-        int16_rows(code, x, M, K, w, N, n0, n1, y);                                          \
-    }
+#define INT16_ROWS(name, code) TYPED_ROWS(name##_int16_rows, int16_rows, int8_row, code)
 INT16_ROWS(q4_0, VL_Q4_0)
 INT16_ROWS(q4_1, VL_Q4_1)
 INT16_ROWS(q8_0, VL_Q8_0)
@@ -767,11 +759,7 @@ INT16_ROWS(q5_0, VL_Q5_0)
 INT16_ROWS(q5_1, VL_Q5_1)
 INT16_ROWS(iq4_nl, VL_IQ4_NL)
 
-#define K16_ROWS(name, code)                                                                 \
-    static void name##_int16_rows(const int8_row *x, int64_t M, int64_t K, const uint8_t *w, \
-                                  int64_t N, int64_t n0, int64_t n1, float *y) {             \
-        k16_rows(code, x, M, K, w, N, n0, n1, y);                                            \
-    }
+#define K16_ROWS(name, code) TYPED_ROWS(name##_int16_rows, k16_rows, int8_row, code)
 K16_ROWS(iq4_xs, VL_IQ4_XS)
 K16_ROWS(q2_k, VL_Q2_K)
 K16_ROWS(q3_k, VL_Q3_K)
