@@ -87,30 +87,36 @@ static inline __m256i round_lanes(__m256 v, float inverse) {
                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 
-/* One row of x to int8 (q, d = max / 127 per block), and the sums s of each 16 values. */
-static void quantize_row_int8(const float *x, int64_t K, int8_t *q, float *d, float *s) {
+/* Block blk of the row x rounded to steps of d = max |x| / levels: its 32 integers (lanes,
+ * in order of x) and d, and the sums of x over each 16 (s) and the 32 (s32) values. */
+static inline void round_block(const float *x, int64_t blk, float levels, __m256i lanes[4],
+                               float *d, float *s, float *s32) {
+    __m256 v[4];
+    const float largest = block_largest(x + 32 * blk, v);
+    const float inverse = largest > 0.0f ? levels / largest : 0.0f;
+    for (int j = 0; j < 4; j++) lanes[j] = round_lanes(v[j], inverse);
+    d[blk] = largest / levels;
+    for (int h = 0; h < 2; h++) s[2 * blk + h] = int8_hsum(_mm256_add_ps(v[2 * h], v[2 * h + 1]));
+    s32[blk] = s[2 * blk] + s[2 * blk + 1];
+}
+
+/* One row of x to int8 (q, d = max / 127 per block). */
+static void quantize_row_int8(const float *x, int64_t K, int8_t *q, float *d, float *s,
+                              float *s32) {
     for (int64_t blk = 0; blk < K / 32; blk++) {
-        __m256 v[4];
-        const float largest = block_largest(x + 32 * blk, v);
-        const float inverse = largest > 0.0f ? 127.0f / largest : 0.0f;
         __m256i lanes[4];
-        for (int j = 0; j < 4; j++) lanes[j] = round_lanes(v[j], inverse);
+        round_block(x, blk, 127.0f, lanes, d, s, s32);
         store_int8(lanes, q + 32 * blk);
-        d[blk] = largest / 127.0f;
-        for (int h = 0; h < 2; h++) s[2 * blk + h] = int8_hsum(_mm256_add_ps(v[2 * h], v[2 * h + 1]));
     }
 }
 
-/* One row of x to int16 (v16, d = max / 32258 per block) and the sums s; with even_odd
- * each block's 16 even values first, then its 16 odd ones (the 256-value types' order). */
+/* One row of x to int16 (v16, d = max / 32258 per block); with even_odd each block's 16
+ * even values first, then its 16 odd ones (the 256-value types' order). */
 static void quantize_row_int16(const float *x, int64_t K, int16_t *v16, int even_odd, float *d,
-                               float *s) {
+                               float *s, float *s32) {
     for (int64_t blk = 0; blk < K / 32; blk++) {
-        __m256 v[4];
-        const float largest = block_largest(x + 32 * blk, v);
-        const float inverse = largest > 0.0f ? 32258.0f / largest : 0.0f;
         __m256i lanes[4];
-        for (int j = 0; j < 4; j++) lanes[j] = round_lanes(v[j], inverse);
+        round_block(x, blk, 32258.0f, lanes, d, s, s32);
         int16_t *out = v16 + 32 * blk;
         for (int h = 0; h < 2; h++) /* packs interleaves 128-bit halves: permute back */
             _mm256_storeu_si256((__m256i *)(out + 16 * h),
@@ -124,8 +130,6 @@ static void quantize_row_int16(const float *x, int64_t K, int16_t *v16, int even
                 out[16 + l] = values[2 * l + 1];
             }
         }
-        d[blk] = largest / 32258.0f;
-        for (int h = 0; h < 2; h++) s[2 * blk + h] = int8_hsum(_mm256_add_ps(v[2 * h], v[2 * h + 1]));
     }
 }
 
@@ -149,12 +153,20 @@ static inline __m256i int8_scales(int lo, int hi) {
     return _mm256_set_m128i(_mm_set1_epi16((short)hi), _mm_set1_epi16((short)lo));
 }
 
-/* IQ4's 16 bytes of nibbles -> 32 table values (low nibbles first). */
-static inline __m256i iq4_int8(const uint8_t *qs) {
+/* IQ4's 16 bytes of nibbles -> the table values of the low nibbles (values 0..15) and of
+ * the high ones (16..31). */
+static inline void iq4_halves(const uint8_t *qs, __m128i *low, __m128i *high) {
     const __m128i table = _mm_loadu_si128((const __m128i *)IQ4_VALUES);
     const __m128i bytes = _mm_loadu_si128((const __m128i *)qs), low4 = _mm_set1_epi8(15);
-    return _mm256_set_m128i(_mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(bytes, 4), low4)),
-                            _mm_shuffle_epi8(table, _mm_and_si128(bytes, low4)));
+    *low = _mm_shuffle_epi8(table, _mm_and_si128(bytes, low4));
+    *high = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(bytes, 4), low4));
+}
+
+/* IQ4's 16 bytes of nibbles -> 32 table values (low nibbles first). */
+static inline __m256i iq4_int8(const uint8_t *qs) {
+    __m128i low, high;
+    iq4_halves(qs, &low, &high);
+    return _mm256_set_m128i(high, low);
 }
 
 /* Chunk c (values 32 c .. 32 c + 31) of a K-quant block as 32 bytes, byte l for value
@@ -435,11 +447,11 @@ static inline __attribute__((always_inline)) void int16_values(int qtype, const 
         *hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
         break;
     }
-    default: { /* IQ4_NL: the table's values of 16 bytes of nibbles, low nibbles first */
-        const __m128i table = _mm_loadu_si128((const __m128i *)IQ4_VALUES);
-        const __m128i bytes = _mm_loadu_si128((const __m128i *)(b + 2)), l4 = _mm_set1_epi8(15);
-        *lo = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(table, _mm_and_si128(bytes, l4)));
-        *hi = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(bytes, 4), l4)));
+    default: { /* IQ4_NL: each half widened from its own 128 bits */
+        __m128i low, high;
+        iq4_halves(b + 2, &low, &high);
+        *lo = _mm256_cvtepi8_epi16(low);
+        *hi = _mm256_cvtepi8_epi16(high);
     }
     }
 }
@@ -621,16 +633,7 @@ static inline __attribute__((always_inline)) void k16_values(int qtype, const ui
         return;
     }
     for (int c = 0; c < 8; c++) {
-        __m256i v;
-        if (qtype == VL_IQ4_XS) { /* the table's values: low nibbles, then high */
-            const __m128i nibbles = _mm_loadu_si128((const __m128i *)(b + 8 + 16 * c));
-            const __m128i l4 = _mm_set1_epi8(15);
-            const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_VALUES));
-            v = _mm256_shuffle_epi8(table, _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(nibbles, 4), l4),
-                                                            _mm_and_si128(nibbles, l4)));
-        } else {
-            v = k_chunk_bytes(qtype, b, c);
-        }
+        const __m256i v = qtype == VL_IQ4_XS ? iq4_int8(b + 8 + 16 * c) : k_chunk_bytes(qtype, b, c);
         if (int8_signed(qtype)) {
             w[2 * c] = _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 8);
             w[2 * c + 1] = _mm256_srai_epi16(v, 8);
@@ -811,12 +814,12 @@ int vl_matmul_quantized(int qtype, int bits, const float *x, int64_t M, int64_t 
         float *d = scales + m * per_row, *s = d + K / 32, *s32 = s + K / 16;
         if (bits == 16) {
             rows[m] = (int8_row){NULL, (int16_t *)q + m * K, d, s, s32};
-            quantize_row_int16(x + m * K, K, (int16_t *)q + m * K, TYPES[qtype].values == 256, d, s);
+            quantize_row_int16(x + m * K, K, (int16_t *)q + m * K, TYPES[qtype].values == 256, d, s,
+                               s32);
         } else {
             rows[m] = (int8_row){q + m * K, NULL, d, s, s32};
-            quantize_row_int8(x + m * K, K, q + m * K, d, s);
+            quantize_row_int8(x + m * K, K, q + m * K, d, s, s32);
         }
-        for (int64_t g = 0; g < K / 32; g++) s32[g] = s[2 * g] + s[2 * g + 1];
     }
     const int64_t chunk = 16, num_chunks = (N + chunk - 1) / chunk;
 #pragma omp parallel for schedule(static) num_threads(num_threads)
