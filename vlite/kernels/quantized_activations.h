@@ -457,8 +457,8 @@ static inline __attribute__((always_inline)) void int16_values(int qtype, const 
 }
 
 /* int8_tile's shape for the 32-value types: each block of the NR rows of W is widened once
- * (in registers) for all MR rows of x; sum(w v) per 32 values is below 2^24 (|w| <= 128,
- * |v| <= 32258), so its float is exact. */
+ * (in registers) for all MR rows of x; each int32 lane sums 4 products w v, below 2^24
+ * (|w| <= 128, |v| <= 32258), so its float is exact. */
 static inline __attribute__((always_inline)) void int16_tile(int qtype, const int MR,
                                                              const int NR, const int8_row *x,
                                                              int64_t K, const uint8_t *w,
