@@ -594,6 +594,15 @@ static void generic_product(int qtype, const float *x, int64_t M, int64_t K,
     }
 }
 
+/* A function `name` running the rows function `body` (rows n0..n1 of W against every row of
+ * x, of type X) with the type code a constant: one function per type and kernel, so each
+ * tile is compiled for its type alone. */
+#define TYPED_ROWS(name, body, X, code)                                                    \
+    static void name(const X *x, int64_t M, int64_t K, const uint8_t *w, int64_t N,        \
+                     int64_t n0, int64_t n1, float *y) {                                   \
+        body(code, x, M, K, w, N, n0, n1, y);                                              \
+    }
+
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
 /*
  * Products with few rows of x (a decode step), in registers (AVX2), for the types whose
@@ -751,14 +760,6 @@ static inline __attribute__((always_inline)) void register_rows(int qtype, const
     }
 }
 
-/* A function `name` running the rows function `body` (rows n0..n1 of W against every row of
- * x, of type X) with the type code a constant: one function per type and kernel, so each
- * tile is compiled for its type alone. */
-#define TYPED_ROWS(name, body, X, code)                                                    \
-    static void name(const X *x, int64_t M, int64_t K, const uint8_t *w, int64_t N,        \
-                     int64_t n0, int64_t n1, float *y) {                                   \
-        body(code, x, M, K, w, N, n0, n1, y);                                              \
-    }
 #define REGISTER_ROWS(name, code) TYPED_ROWS(name##_register_rows, register_rows, float, code)
 REGISTER_ROWS(q4_0, VL_Q4_0)
 REGISTER_ROWS(q4_1, VL_Q4_1)
