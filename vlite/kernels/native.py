@@ -7,12 +7,14 @@ K-quants, IQ4, F16/BF16) without dequantizing them to memory;
 rotary embedding) in one call each; ``paged_attention.c`` writes a step's keys/values
 into the paged cache and attends straight from its blocks. Each file is compiled once per
 machine with ``cc -O3 -march=native -fopenmp -ffp-contract=off`` (about a second) into
-``~/.cache/vlite/kernels/`` (``$VLITE_CACHE_DIR/kernels`` when set), keyed by the source,
-the flags and the CPU's feature flags, and loaded with :mod:`ctypes`. The library names
-``libgomp.so.1``, which PyTorch has already loaded, so its OpenMP threads are PyTorch's.
+``~/.cache/vlite/kernels/`` (``$VLITE_CACHE_DIR/kernels`` when set; see
+:mod:`vlite.kernels.build` for the key, the lock and the fallback directory), and loaded
+with :mod:`ctypes`. The library names ``libgomp.so.1``, which PyTorch has already loaded,
+so its OpenMP threads are PyTorch's. A cached library that does not load is built again,
+once.
 
-No compiler, or a failed build, raises :class:`NativeKernelsUnavailable` with the reason;
-callers fall back to dequantized weights.
+No compiler, or a failed build, raises :class:`NativeKernelsUnavailable` naming the step
+that failed; callers fall back to dequantized weights and say so.
 """
 
 from __future__ import annotations
@@ -20,22 +22,24 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import hashlib
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from vlite.kernels.build import (  # noqa: F401  (re-exported: the kernels' public names)
+    FLAGS,
+    NativeKernelsUnavailable,
+    build_library,
+    cache_dir,
+    rebuild_library,
+)
+
 SOURCE = Path(__file__).with_name("gguf_blocks.c")
 FUSED_OPS_SOURCE = Path(__file__).with_name("fused_ops.c")
 PAGED_ATTENTION_SOURCE = Path(__file__).with_name("paged_attention.c")
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC")
 
 
 @dataclass(frozen=True)
@@ -85,10 +89,6 @@ PANEL_BYTES = 8 << 20
 BLOCK_TYPES = {name: layout.code for name, layout in BLOCK_LAYOUTS.items()}
 #: Bytes per block.
 BLOCK_BYTES = {name: layout.nbytes for name, layout in BLOCK_LAYOUTS.items()}
-
-
-class NativeKernelsUnavailable(RuntimeError):
-    """The C kernels cannot be built or loaded here (the message says why)."""
 
 
 class _ThreadCount:
@@ -151,68 +151,6 @@ def _call(function: Callable[..., int | None], *args) -> int | None:
     if threads_at is not None:
         args = args[:threads_at] + (torch.get_num_threads(),) + args[threads_at + 1 :]
     return function(*args)
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("VLITE_CACHE_DIR")
-    if root:
-        return Path(root) / "kernels"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return Path(xdg or Path.home() / ".cache") / "vlite" / "kernels"
-
-
-def _cpu_flags() -> str:
-    """The CPU's feature flags: ``-march=native`` code is only valid where they match."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
-
-
-def _compiler() -> str:
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise NativeKernelsUnavailable("no C compiler found (install gcc, or set CC)")
-    return compiler
-
-
-def build_library(source: Path = SOURCE, flags: tuple[str, ...] = FLAGS) -> Path:
-    """Compile ``source`` into the cache (once per source, flags and CPU); return its path.
-
-    ``flags`` replaces the compiler flags (tests build the portable and each vector path
-    with ``-march=...`` in place of ``-march=native``).
-    """
-    compiler = _compiler()
-    headers = b"".join(path.read_bytes() for path in sorted(source.parent.glob("*.h")))
-    key = hashlib.sha256(
-        source.read_bytes() + headers + " ".join(flags).encode() + _cpu_flags().encode()
-    ).hexdigest()[:16]
-    target = cache_dir() / f"{source.stem}-{key}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Compile to a private name, then rename: concurrent builders never see half a file.
-    fd, partial = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    command = [compiler, *flags, "-o", partial, str(source)]
-    try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    except (OSError, subprocess.TimeoutExpired) as error:
-        os.unlink(partial)
-        raise NativeKernelsUnavailable(f"compiling {source.name} failed: {error}") from error
-    if result.returncode != 0:
-        os.unlink(partial)
-        tail = result.stderr.strip().splitlines()[-3:]
-        raise NativeKernelsUnavailable(
-            f"compiling {source.name} with {' '.join(command[:-3])} failed: {' | '.join(tail)}"
-        )
-    os.replace(partial, target)
-    return target
 
 
 class GGUFBlockKernels:
@@ -647,11 +585,17 @@ def _load(name: str) -> GGUFBlockKernels | FusedOps | NativeKernelsUnavailable:
         return NativeKernelsUnavailable("the C kernels are built for Linux and macOS only")
     source, wrapper = _LIBRARIES[name]
     try:
-        return wrapper(build_library(source))
+        path = build_library(source)
+        try:
+            return wrapper(path)
+        except OSError:  # a damaged cached file: build it once more
+            path = rebuild_library(source)
+        try:
+            return wrapper(path)
+        except OSError as error:  # it does not load even when freshly built
+            return NativeKernelsUnavailable(f"loading {path} failed: {error}")
     except NativeKernelsUnavailable as error:
         return error
-    except OSError as error:  # a library that does not load
-        return NativeKernelsUnavailable(f"loading the compiled kernels failed: {error}")
 
 
 def _loaded(name: str):

@@ -31,6 +31,7 @@ passed to the attention backend as ``sliding_window`` for that layer's calls.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
@@ -631,11 +632,16 @@ class LlamaForCausalLM(nn.Module):
 
         Done by :meth:`load_weights` when weights stay quantized (that path's oracle is its
         agreement with the float32 path; the float path keeps PyTorch's ops, bit for bit
-        HF's). Does nothing where the kernels cannot be built.
+        HF's). Where the kernels cannot be built it says so on stderr and keeps PyTorch's.
         """
         try:
             ops = fused_ops()
-        except NativeKernelsUnavailable:
+        except NativeKernelsUnavailable as error:
+            print(
+                f"fused ops: off ({error}); norms, RoPE and SwiGLU run in PyTorch",
+                file=sys.stderr,
+                flush=True,
+            )
             return
         self.use_fused_ops(ops)
 
