@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from vlite.core.kv_cache import KVCacheManager
 from vlite.core.outputs import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
 from vlite.core.request import EngineCoreRequest, Request, RequestStatus
@@ -58,15 +60,35 @@ class _WorkerState:
     num_computed_tokens: int
 
 
-@dataclass
-class DriverStep:
-    """One step as the driver ran it."""
+class DriverStep(SchedulerOutput):
+    """One step as the driver ran it: the step's :class:`SchedulerOutput` (it is one, as
+    ``SchedulerDriver.step()`` returned before plugin API 5, so ``step.num_scheduled_tokens``
+    still reads), plus what came back.
 
-    scheduler_output: SchedulerOutput
-    #: request id -> what ``update_from_output`` returned for it this step.
-    outputs: dict[str, EngineCoreOutput]
-    #: request id -> the tokens the fake model sampled for it this step.
-    sampled: dict[str, list[int]]
+    Attributes:
+        outputs: request id -> what ``update_from_output`` returned for it this step.
+        sampled: request id -> the tokens the fake model sampled for it this step.
+    """
+
+    outputs: dict[str, EngineCoreOutput] = msgspec.field(default_factory=dict)
+    sampled: dict[str, list[int]] = msgspec.field(default_factory=dict)
+
+    @classmethod
+    def of(
+        cls,
+        scheduler_output: SchedulerOutput,
+        outputs: dict[str, EngineCoreOutput],
+        sampled: dict[str, list[int]],
+    ) -> DriverStep:
+        fields = {
+            name: getattr(scheduler_output, name) for name in SchedulerOutput.__struct_fields__
+        }
+        return cls(**fields, outputs=outputs, sampled=sampled)
+
+    @property
+    def scheduler_output(self) -> SchedulerOutput:
+        """The step's scheduler output (this object itself)."""
+        return self
 
 
 @dataclass
@@ -211,7 +233,7 @@ class SchedulerDriver:
                 state.token_ids.append(token)
                 sampled[request_id] = [token]
         engine_outputs = self.scheduler.update_from_output(so, ModelRunnerOutput(sampled))
-        step = DriverStep(so, {o.request_id: o for o in engine_outputs.outputs}, sampled)
+        step = DriverStep.of(so, {o.request_id: o for o in engine_outputs.outputs}, sampled)
         self.steps.append(step)
         for output in engine_outputs.outputs:
             assert output.request_id not in self.finish_reasons, (
