@@ -352,3 +352,26 @@ def test_run_with_the_default_model_prints_english():
     assert result.exit_code == 0, result.output
     completion = result.stdout.split("\n", 1)[1]
     assert "Paris" in completion
+
+
+def test_a_bug_during_model_load_keeps_its_traceback(tiny_model, monkeypatch):
+    """Only vlite's own refusals become one-line errors: a plain ValueError from a bug is
+    not reported as bad input."""
+    from vlite.cli import run
+
+    def buggy_build(config, tokenizer):
+        raise ValueError("an internal invariant broke")
+
+    monkeypatch.setattr(run, "_build_llm", buggy_build)
+    result = invoke("run", "--model", tiny_model, "--max-tokens", "2", "x")
+    assert result.exit_code == 1
+    assert isinstance(result.exception, ValueError)
+    assert "Refused" not in result.output and "Error: an internal" not in result.stderr
+
+
+def test_a_setting_the_model_cannot_run_with_is_a_config_error(tiny_model):
+    from vlite import LLM
+    from vlite.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="max_model_len=100000 exceeds"):
+        LLM(model=tiny_model, max_model_len=100000)

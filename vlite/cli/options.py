@@ -20,6 +20,7 @@ import click
 from pydantic import ValidationError
 
 from vlite.core.config import VliteConfig
+from vlite.core.errors import ConfigError
 
 #: Shorter spellings accepted beside a field's generated flag.
 FLAG_ALIASES: dict[str, tuple[str, ...]] = {
@@ -117,7 +118,7 @@ def build_config(config_file: str | None, overrides: dict[str, Any]) -> VliteCon
         return VliteConfig.load(config_file, **overrides)
     except ValidationError as exc:
         raise click.UsageError(describe_validation_error(exc)) from None
-    except (ValueError, FileNotFoundError) as exc:
+    except (ConfigError, FileNotFoundError) as exc:
         raise click.UsageError(str(exc)) from None
 
 

@@ -166,10 +166,10 @@ class Refused(click.ClickException):
 
 def _guarded(build, *args):
     """``build(*args)``; a refused setting or a missing model or package becomes a one-line
-    error."""
+    error. Anything else is a bug and keeps its traceback."""
     try:
         return build(*args)
-    except (VliteError, ValueError, FileNotFoundError) as exc:
+    except (VliteError, FileNotFoundError) as exc:
         raise Refused(str(exc)) from None
     except ImportError as exc:
         raise click.ClickException(str(exc)) from None

@@ -14,6 +14,7 @@ from vlite.cli.options import (
     pop_engine_overrides,
     settings_option,
 )
+from vlite.core.errors import VliteError
 from vlite.server.settings import ServerSettings
 
 #: Every :class:`ServerSettings` field: each has a flag.
@@ -88,7 +89,7 @@ def serve_command(config_file, **options):
         server.run()
     except KeyboardInterrupt:
         pass
-    except (EngineStartupError, ValueError, FileNotFoundError, ImportError) as exc:
+    except (EngineStartupError, VliteError, FileNotFoundError, ImportError) as exc:
         raise click.ClickException(str(exc)) from None
     finally:
         sock.close()

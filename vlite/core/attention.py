@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from vlite.core.errors import ConfigError
+
 
 @dataclass
 class AttentionMetadata:
@@ -101,7 +103,7 @@ class AttentionBackend(ABC):
         block_size: int,
     ) -> None:
         if num_heads % num_kv_heads != 0:
-            raise ValueError(
+            raise ConfigError(
                 f"num_heads={num_heads} must be a multiple of num_kv_heads={num_kv_heads}"
             )
         self.num_heads = num_heads

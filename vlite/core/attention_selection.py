@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from vlite.core.attention import AttentionBackend
+from vlite.core.errors import ConfigError
 
 KIND = "attention_backend"
 
@@ -47,7 +48,7 @@ def resolve_attention_backend(
         backend_cls = registry.get(KIND, name)
     reason = unavailable_reason(backend_cls, device, dtype)
     if reason is not None:
-        raise ValueError(
+        raise ConfigError(
             f"attention backend {name!r} cannot run on {device.type} in "
             f"{dtype_name(dtype)}: {reason}"
         )

@@ -22,6 +22,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from vlite.core.errors import ConfigError
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
@@ -282,7 +284,7 @@ def read_toml_file(path: Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise FileNotFoundError(f"config file {str(path)!r} does not exist") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+        raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
 
 
 def describe_sources(config_file: str | Path | None, overrides: dict[str, Any]) -> dict[str, str]:

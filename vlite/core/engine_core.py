@@ -8,7 +8,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from vlite.core.config import VliteConfig
-from vlite.core.errors import InvalidRequestError
+from vlite.core.errors import ConfigError, InvalidRequestError
 from vlite.core.executor import Executor
 from vlite.core.kv_cache import KVCacheManager
 from vlite.core.memory import MemoryPlan
@@ -45,14 +45,14 @@ def _check_prefix_caching(
     )
     for kind, name, cls in plugins:
         if config.enable_prefix_caching and not getattr(cls, "supports_prefix_caching", True):
-            raise ValueError(
+            raise ConfigError(
                 f"{kind} {name!r} does not support prefix caching (supports_prefix_caching = "
                 "False); turn it off with enable_prefix_caching=False (--no-prefix-caching)"
             )
     if limits.enable_chunked_prefill and not getattr(
         attention_cls, "supports_prefix_caching", True
     ):
-        raise ValueError(
+        raise ConfigError(
             "chunked prefill splits prompts into chunks, which attention backend "
             f"{attention_name!r} cannot attend over (supports_prefix_caching = False); "
             "turn it off with enable_chunked_prefill=False (--no-enable-chunked-prefill)"
@@ -71,7 +71,7 @@ def _without_conflicting_prefix_caching(
     if conflict is None or not config.enable_prefix_caching:
         return config
     if "enable_prefix_caching" in config.model_fields_set:
-        raise ValueError(
+        raise ConfigError(
             f"enable_prefix_caching=True cannot be exact for this model: {conflict}; turn it "
             "off (--no-prefix-caching)"
         )
@@ -96,7 +96,7 @@ def _check_layer_features(
     if soft_cap is not None and not getattr(attention_cls, "supports_logits_soft_cap", False):
         needs.append(f"it caps attention scores at {soft_cap} (supports_logits_soft_cap = False)")
     if needs:
-        raise ValueError(
+        raise ConfigError(
             f"attention backend {attention_name!r} cannot run this model: "
             + "; ".join(needs)
             + "; use --attn auto, torch, cpu, triton or flash"
@@ -145,7 +145,7 @@ def _check_architecture(registry: PluginRegistry, architecture: str) -> None:
     """Refuse, before any worker loads weights, a model no plugin implements."""
     supported = registry.names("model")
     if architecture not in supported:
-        raise ValueError(
+        raise ConfigError(
             f"model architecture {architecture!r} (config.json 'architectures') is not "
             f"supported; supported: {', '.join(supported)}. A plugin can add it with the "
             "register_models hook (see docs/models.md)"

@@ -10,9 +10,15 @@
   the engine with something its interface does not allow; the message names the plugin.
 - :class:`ExecutorFailedError`: the executor can never run another step (a worker process
   died or is unusable); the engine core stops instead of failing every later step.
-- :class:`ConfigError`: a setting the engine cannot run with on this model or machine (a
-  KV-cache budget that holds no block); the message names the setting, its value and what
-  is allowed. It is also a ``ValueError``.
+- :class:`ConfigError`: a setting the engine cannot run with on this model or machine (an
+  unknown plugin name, a backend that cannot run the model, a context longer than the
+  model's, a tensor-parallel size its heads do not split over, a model file vlite cannot
+  read or run); the message names the setting or file, its value and what is allowed. It
+  is also a ``ValueError``.
+
+The CLI turns a :class:`VliteError` into one line on stderr and reports anything else with
+its traceback: a plain ``ValueError`` from inside vlite is a bug, not a verdict on the
+caller's input.
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Sequence
 
 import msgspec
 
+from vlite.core.errors import ConfigError
+
 
 class WorkerMemory(msgspec.Struct, frozen=True, array_like=True):
     """What one worker holds.
@@ -134,7 +136,7 @@ def kv_cache_tokens_for_requests(
         ("max_num_seqs", max_num_seqs),
     ):
         if value < 1:
-            raise ValueError(f"{name}={value} is invalid: must be >= 1")
+            raise ConfigError(f"{name}={value} is invalid: must be >= 1")
     blocks = []
     for num_prompt_tokens, max_tokens in sequences:
         num_tokens = min(num_prompt_tokens + max_tokens, max_model_len)

@@ -28,7 +28,7 @@ import pluggy
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from vlite.core import hookspecs
-from vlite.core.errors import PluginError
+from vlite.core.errors import ConfigError, PluginError
 from vlite.core.hookspecs import PLUGIN_API_VERSION, SUPPORTED_PLUGIN_APIS
 
 ENTRY_POINT_GROUP = "vlite"
@@ -435,7 +435,7 @@ class PluginRegistry:
         entry = self._entries[kind].get(name)
         if entry is None:
             available = ", ".join(sorted(self._entries[kind])) or "(none)"
-            raise ValueError(f"unknown {kind} {name!r}; available: {available}")
+            raise ConfigError(f"unknown {kind} {name!r}; available: {available}")
         return entry
 
     def kinds_of(self, name: str) -> list[str]:

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from vlite.core.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class TensorParallelGroup:
@@ -41,7 +43,7 @@ class TensorParallelGroup:
     def shard_range(self, size: int) -> tuple[int, int]:
         """``(start, end)`` of this rank's equal share of ``size`` (``world_size`` divides it)."""
         if size % self.world_size:
-            raise ValueError(f"{size} does not split evenly over {self.world_size} ranks")
+            raise ConfigError(f"{size} does not split evenly over {self.world_size} ranks")
         per_rank = size // self.world_size
         return self.rank * per_rank, (self.rank + 1) * per_rank
 

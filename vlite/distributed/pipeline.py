@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from vlite.core.errors import ConfigError
 from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 
 
@@ -85,14 +86,14 @@ def stage_layer_ranges(
     """
     if partition is None:
         if num_stages > num_layers:
-            raise ValueError(
+            raise ConfigError(
                 f"pipeline_parallel_size={num_stages} exceeds the model's {num_layers} layers "
                 "(every stage needs at least one)"
             )
         base, extra = divmod(num_layers, num_stages)
         partition = tuple(base + (stage < extra) for stage in range(num_stages))
     if len(partition) != num_stages or min(partition) < 1 or sum(partition) != num_layers:
-        raise ValueError(
+        raise ConfigError(
             f"pp_layer_partition={','.join(map(str, partition))} must give each of the "
             f"{num_stages} stages at least one layer and {num_layers} layers in all"
         )

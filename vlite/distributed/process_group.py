@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from vlite.core.errors import ConfigError
 from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 
 #: How long a collective (and the rendezvous) may wait for the slowest rank.
@@ -36,9 +37,9 @@ def tcp_init_method(host: str, port: int) -> str:
     """A ``tcp://`` init method: rank 0 listens on ``port`` of its machine, reachable at
     ``host`` (an IP address or host name) from every rank; the others connect there."""
     if not 0 < port < 65536:
-        raise ValueError(f"port={port} is not a TCP port; expected 1-65535")
+        raise ConfigError(f"port={port} is not a TCP port; expected 1-65535")
     if not host:
-        raise ValueError("host is empty; expected rank 0's IP address or host name")
+        raise ConfigError("host is empty; expected rank 0's IP address or host name")
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"  # an IPv6 address
     return f"tcp://{host}:{port}"

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from vlite.core.config import VliteConfig
-from vlite.core.errors import InvalidRequestError
+from vlite.core.errors import ConfigError, InvalidRequestError
 from vlite.core.outputs import EngineCoreOutput, RequestOutput, RequestOutputKind
 from vlite.core.plugins import PluginRegistry, build_plugin_manager
 from vlite.core.request import RequestStatus
@@ -89,7 +89,7 @@ class AsyncLLM:
         data_parallel_resources: tuple[str, ...] = (),
     ) -> None:
         if data_parallel_size < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"data_parallel_size must be at least 1 (engine-core processes), "
                 f"got {data_parallel_size}"
             )

@@ -9,6 +9,8 @@ number their devices from 0 as they do without data parallelism.
 
 from __future__ import annotations
 
+from vlite.core.errors import ConfigError
+
 
 def visible_device_ids(visible: str | None, device_count: int) -> list[str]:
     """The device ids this process may use: ``CUDA_VISIBLE_DEVICES``'s entries (ids or
@@ -28,7 +30,7 @@ def split_devices(num_cores: int, devices_per_core: int, device_ids: list[str]) 
     needed = num_cores * devices_per_core
     if len(device_ids) < needed:
         seen = ",".join(device_ids) or "none"
-        raise ValueError(
+        raise ConfigError(
             f"data_parallel_size {num_cores} x {devices_per_core} GPU(s) per engine core "
             f"(tensor_parallel_size x pipeline_parallel_size) needs {needed} GPUs, but "
             f"{len(device_ids)} are visible ({seen}); lower data_parallel_size or make more "

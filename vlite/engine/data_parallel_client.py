@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from vlite.core.config import VliteConfig
+from vlite.core.errors import ConfigError
 from vlite.core.request import EngineCoreRequest, RequestStatus
 from vlite.engine.core_client import AsyncMPClient, CoreHandle, CoreProcess
 from vlite.engine.core_devices import split_devices, visible_device_ids
@@ -85,9 +86,9 @@ class DataParallelClient:
         resources: tuple[str, ...] = (),
     ) -> None:
         if num_cores < 1:
-            raise ValueError(f"data_parallel_size must be at least 1, got {num_cores}")
+            raise ConfigError(f"data_parallel_size must be at least 1, got {num_cores}")
         if backend not in DATA_PARALLEL_BACKENDS:
-            raise ValueError(
+            raise ConfigError(
                 f"data_parallel_backend {backend!r} is not one of {list(DATA_PARALLEL_BACKENDS)}"
             )
         self.ray_placement = None

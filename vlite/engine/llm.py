@@ -8,7 +8,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from vlite.core.config import VliteConfig
-from vlite.core.errors import InvalidRequestError
+from vlite.core.errors import ConfigError, InvalidRequestError
 from vlite.core.outputs import RequestOutput
 from vlite.core.plugins import PluginRegistry
 from vlite.core.sampling_params import SamplingParams
@@ -38,7 +38,7 @@ class LLM:
         **kwargs: Any,
     ) -> None:
         if config is not None and (model is not None or kwargs):
-            raise ValueError("pass either config=VliteConfig(...) or keyword settings, not both")
+            raise ConfigError("pass either config=VliteConfig(...) or keyword settings, not both")
         self.config = config or VliteConfig(model=model, **kwargs)
         self.llm_engine = LLMEngine(self.config, registry)
 
@@ -76,7 +76,7 @@ class LLM:
         params_list = _per_prompt("sampling_params", sampling_params, len(prompts))
         priorities = list(priority) if priority is not None else [0] * len(prompts)
         if len(priorities) != len(prompts):
-            raise ValueError(
+            raise InvalidRequestError(
                 f"priority has {len(priorities)} entries but there are {len(prompts)} prompts"
             )
         engine = self.llm_engine

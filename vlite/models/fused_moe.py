@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vlite.core.errors import ConfigError
 from vlite.core.weight_format import QuantizedWeight, joinable
 from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 
@@ -68,7 +69,7 @@ def triton_is_installed() -> bool:
 def check_impl(impl: str, source: str = "impl") -> str:
     """``impl`` if it is one of :data:`IMPLS`, else a ``ValueError`` naming ``source``."""
     if impl not in IMPLS:
-        raise ValueError(f"unknown MoE implementation {source}={impl!r}; expected one of {IMPLS}")
+        raise ConfigError(f"unknown MoE implementation {source}={impl!r}; expected one of {IMPLS}")
     return impl
 
 
@@ -135,7 +136,7 @@ class FusedMoE(nn.Module):
         super().__init__()
         self.impl = default_impl() if impl is None else impl
         if num_experts % tp_group.world_size:
-            raise ValueError(
+            raise ConfigError(
                 f"{num_experts} experts do not split over tensor_parallel_size="
                 f"{tp_group.world_size} (whole experts per rank)"
             )
@@ -184,7 +185,7 @@ class FusedMoE(nn.Module):
         if not 0 <= expert < self.num_experts:
             raise ValueError(f"expert {expert} is outside the layer's {self.num_experts} experts")
         if tuple(tensor.shape) != self.expected_shape(piece):
-            raise ValueError(
+            raise ConfigError(
                 f"expert {expert} {piece} matrix has shape {tuple(tensor.shape)}, expected "
                 f"{self.expected_shape(piece)}"
             )
@@ -263,7 +264,7 @@ class FusedMoE(nn.Module):
         supported = hidden.dtype in TRITON_DTYPES
         if self.impl == "triton":
             if not supported:
-                raise ValueError(
+                raise ConfigError(
                     f"the triton MoE implementation does not compute in {hidden.dtype}; "
                     f"it supports {TRITON_DTYPES} (use impl='torch')"
                 )

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlite.core.attention import AttentionBackend, AttentionMetadata
+from vlite.core.errors import ConfigError
 from vlite.core.hookspecs import Register, hookimpl
 from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vlite.distributed.pipeline import SINGLE_STAGE, PipelineParallelGroup
@@ -352,7 +353,7 @@ class GemmaForCausalLM(LlamaForCausalLM):
 def _check_supported(config: Any) -> None:
     act = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
     if act not in _ACTIVATIONS:
-        raise ValueError(
+        raise ConfigError(
             f"{config.model_type}: hidden_activation={act!r} is not supported (supported: "
             f"{', '.join(_ACTIVATIONS)})"
         )

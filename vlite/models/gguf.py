@@ -53,6 +53,7 @@ import gguf
 import numpy as np
 import torch
 
+from vlite.core.errors import ConfigError
 from vlite.core.weight_format import QuantizedWeight, WeightFormat
 from vlite.models.gguf_config import gguf_hf_config
 from vlite.models.gguf_header import GGUFHeaderError, read_header
@@ -131,7 +132,7 @@ class GGUFFile:
         if full_key in self.metadata:
             return self.metadata[full_key]
         if default is ...:
-            raise ValueError(f"{self.path}: GGUF metadata has no {full_key!r}")
+            raise ConfigError(f"{self.path}: GGUF metadata has no {full_key!r}")
         return default
 
 
@@ -158,7 +159,7 @@ def _read_gguf(path: Path, size: int, mtime_ns: int) -> GGUFFile:
     try:
         header = read_header(path, max_array_len=_MAX_KEPT_ARRAY_LEN)
     except GGUFHeaderError as error:
-        raise ValueError(f"{path} is not a readable GGUF file: {error}") from error
+        raise ConfigError(f"{path} is not a readable GGUF file: {error}") from error
     return GGUFFile(path, header.metadata, header.tensors, header.mapping, header.address)
 
 

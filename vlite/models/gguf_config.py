@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from vlite.core.errors import ConfigError
+
 if TYPE_CHECKING:
     from vlite.models.gguf import GGUFFile
 
@@ -100,7 +102,7 @@ def hf_architecture(gguf_file: GGUFFile) -> str:
     """
     architecture = gguf_file.architecture
     if architecture not in GGUF_ARCHITECTURES:
-        raise ValueError(
+        raise ConfigError(
             f"{gguf_file.path}: GGUF architecture {architecture!r} is not supported "
             f"(supported: {', '.join(sorted(GGUF_ARCHITECTURES))}; Mixtral as llama with "
             "llama.expert_count > 0)"
@@ -181,7 +183,7 @@ def _rotary_dims(gguf_file: GGUFFile, head_dim: int) -> int:
     """``rope.dimension_count`` (llama.cpp's default: the whole head), checked."""
     rotary = int(gguf_file.arch_value("rope.dimension_count", head_dim))
     if not 0 < rotary <= head_dim or rotary % 2:
-        raise ValueError(
+        raise ConfigError(
             f"{gguf_file.path}: {gguf_file.architecture}.rope.dimension_count={rotary} is "
             f"invalid for heads of {head_dim} dimensions (expected an even count in "
             f"2..{head_dim})"
@@ -248,7 +250,7 @@ def _phi3_fields(gguf_file: GGUFFile, common: dict[str, Any]) -> dict[str, Any]:
     rotary = _rotary_dims(gguf_file, head_dim)
     factor = rotary / head_dim
     if int(head_dim * factor) != rotary:  # what vlite's RotaryEmbedding will compute
-        raise ValueError(
+        raise ConfigError(
             f"{gguf_file.path}: phi3.rope.dimension_count={rotary} of {head_dim} is not "
             "representable as a partial_rotary_factor"
         )
@@ -294,7 +296,7 @@ def _expert_width(gguf_file: GGUFFile) -> int:
             shape = gguf_file.hf_shape(f"blk.{layer}.{name}")
             if shape is not None:
                 return shape[-2]
-    raise ValueError(
+    raise ConfigError(
         f"{gguf_file.path}: GGUF file has neither {gguf_file.architecture}."
         "expert_feed_forward_length nor expert tensors (blk.N.ffn_gate_exps.weight)"
     )
@@ -310,7 +312,7 @@ def _dense_layers(gguf_file: GGUFFile) -> list[int]:
 def _check_every_layer_has_experts(gguf_file: GGUFFile) -> None:
     dense = _dense_layers(gguf_file)
     if dense:
-        raise ValueError(
+        raise ConfigError(
             f"{gguf_file.path}: layers {dense} have no router (blk.N.ffn_gate_inp.weight); "
             f"a {gguf_file.architecture} mixture of experts has one in every layer"
         )
@@ -347,7 +349,7 @@ def _qwen_moe_fields(gguf_file: GGUFFile, renormalize: bool) -> dict[str, Any]:
     if width is not None:
         fields["intermediate_size"] = int(width)
     elif dense:
-        raise ValueError(
+        raise ConfigError(
             f"{gguf_file.path}: layers {dense} are dense but the GGUF metadata has no "
             f"{gguf_file.architecture}.feed_forward_length"
         )
@@ -445,7 +447,7 @@ def _gemma_layer_types(gguf_file: GGUFFile, num_layers: int, window: int | None)
     else:
         local = [_is_local_in_period(index, int(pattern)) for index in range(num_layers)]
     if len(local) != num_layers:
-        raise ValueError(
+        raise ConfigError(
             f"{gguf_file.path}: {gguf_file.architecture}.attention.sliding_window_pattern "
             f"lists {len(local)} layers; the model has {num_layers}"
         )

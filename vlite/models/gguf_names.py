@@ -31,6 +31,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from vlite.core.errors import ConfigError
+
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -170,7 +172,7 @@ def hf_name_for_gguf_tensor(
         return _GLOBAL_NAMES[gguf_name]
     match = _LAYER_NAME.fullmatch(gguf_name)
     if match is None or match.group(2) not in layer_modules:
-        raise ValueError(f"unknown GGUF tensor {gguf_name!r} (not a {owner} weight vlite loads)")
+        raise ConfigError(f"unknown GGUF tensor {gguf_name!r} (not a {owner} weight vlite loads)")
     layer, module, kind = match.groups()
     return f"model.layers.{layer}.{layer_modules[module]}.{kind}"
 

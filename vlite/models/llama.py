@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlite.core.attention import AttentionBackend, AttentionMetadata
+from vlite.core.errors import ConfigError
 from vlite.core.hookspecs import Register, hookimpl
 from vlite.core.weight_format import QuantizedWeight
 from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
@@ -123,7 +124,7 @@ def _is_qwen2(config: Any) -> bool:
 def _check_supported(config: Any) -> None:
     act = getattr(config, "hidden_act", "silu")
     if act != "silu":
-        raise ValueError(f"{config.model_type}: hidden_act={act!r} is not supported (only silu)")
+        raise ConfigError(f"{config.model_type}: hidden_act={act!r} is not supported (only silu)")
 
 
 class LlamaAttention(nn.Module):
@@ -575,7 +576,7 @@ class LlamaForCausalLM(nn.Module):
                 continue
             name, shard = _map_name(hf_name)
             if name not in params:
-                raise ValueError(f"unexpected weight {hf_name!r} for {type(self).__name__}")
+                raise ConfigError(f"unexpected weight {hf_name!r} for {type(self).__name__}")
             module_name, leaf = name.rsplit(".", 1)
             module = self.get_submodule(module_name)
             if isinstance(module, ShardedModule):
@@ -583,7 +584,7 @@ class LlamaForCausalLM(nn.Module):
             else:
                 expected = tuple(params[name].shape)
             if tuple(tensor.shape) != expected:
-                raise ValueError(
+                raise ConfigError(
                     f"weight {hf_name!r} has shape {tuple(tensor.shape)}, expected {expected}"
                 )
             if isinstance(module, ShardedModule):
@@ -596,7 +597,7 @@ class LlamaForCausalLM(nn.Module):
         pending.update((name, None) for name in self.own_missing_weights())
         if pending:
             missing = sorted(f"{n} ({s})" if s else n for n, s in pending)
-            raise ValueError(f"missing weights: {', '.join(missing[:10])} ({len(missing)} total)")
+            raise ConfigError(f"missing weights: {', '.join(missing[:10])} ({len(missing)} total)")
         if any(getattr(m, "quantized", None) is not None for m in self.modules()):
             self.use_native_ops()
 
@@ -698,7 +699,7 @@ def check_tensor_parallel_size(
             f"; vlite does not replicate KV heads, so tensor_parallel_size cannot exceed "
             f"num_key_value_heads={hf_config.num_key_value_heads}"
         )
-    raise ValueError(
+    raise ConfigError(
         f"{getattr(hf_config, 'model_type', 'the model')}: tensor_parallel_size="
         f"{tensor_parallel_size} does not divide {', '.join(bad)}{note}; this model "
         f"supports tensor_parallel_size in {{{', '.join(map(str, allowed))}}}"

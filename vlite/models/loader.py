@@ -14,6 +14,7 @@ from safetensors import safe_open
 from torch import nn
 
 from vlite.core.attention import AttentionBackend
+from vlite.core.errors import ConfigError
 from vlite.core.weight_format import QuantizedWeight
 from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vlite.distributed.pipeline import SINGLE_STAGE, PipelineParallelGroup
@@ -158,14 +159,14 @@ def build_model(
     parallel_kwargs = {}
     if tp_group.is_parallel:
         if not getattr(model_cls, "supports_tensor_parallel", False):
-            raise ValueError(
+            raise ConfigError(
                 f"model class {model_cls.__qualname__} does not support tensor parallelism "
                 f"(tensor_parallel_size={tp_group.world_size}); use tensor_parallel_size=1"
             )
         parallel_kwargs["tp_group"] = tp_group
     if pp_group.num_stages > 1:
         if not getattr(model_cls, "supports_pipeline_parallel", False):
-            raise ValueError(
+            raise ConfigError(
                 f"model class {model_cls.__qualname__} does not support pipeline parallelism "
                 f"(pipeline_parallel_size={pp_group.num_stages}); use pipeline_parallel_size=1"
             )

@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from vlite.core.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class LongRope:
@@ -62,7 +64,7 @@ class LongRope:
             if scaling.get(key) is None
         ]
         if missing:
-            raise ValueError(f"rope_type='longrope' needs {missing} in the config's rope settings")
+            raise ConfigError(f"rope_type='longrope' needs {missing} in the config's rope settings")
         short = _factor_list(scaling, "short_factor", rotary_dim)
         long = _factor_list(scaling, "long_factor", rotary_dim)
         original_max = int(scaling["original_max_position_embeddings"])
@@ -95,7 +97,7 @@ def default_attention_factor(extension: float, original_max_position_embeddings:
 def _factor_list(scaling: Mapping[str, Any], key: str, rotary_dim: int) -> tuple[float, ...]:
     values: Sequence[float] = scaling[key]
     if len(values) != rotary_dim // 2:
-        raise ValueError(
+        raise ConfigError(
             f"LongRoPE {key} has {len(values)} entries; it needs rotary_dim // 2 = "
             f"{rotary_dim // 2} (one per rotated pair of the {rotary_dim} rotated dimensions)"
         )

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from vlite.core.attention import AttentionMetadata
+from vlite.core.errors import ConfigError
 from vlite.core.hookspecs import Register, hookimpl
 from vlite.distributed.parallel_state import TensorParallelGroup
 from vlite.models.llama import LlamaAttention, LlamaMLP, RMSNorm
@@ -71,7 +72,7 @@ class OlmoeForCausalLM(QwenMoeForCausalLM):
     @classmethod
     def check_tensor_parallel_size(cls, hf_config: Any, tensor_parallel_size: int) -> None:
         if tensor_parallel_size != 1:
-            raise ValueError(
+            raise ConfigError(
                 f"olmoe: tensor_parallel_size={tensor_parallel_size} is not supported: its "
                 "q/k norms span every head; this model supports tensor_parallel_size in {1}"
             )

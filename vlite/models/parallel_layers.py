@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vlite.core.errors import ConfigError
 from vlite.core.weight_format import QuantizedWeight
 from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vlite.models.mixed_pieces import MixedPieces
@@ -96,7 +97,7 @@ class ShardedModule(nn.Module):
 
 def _check_shape(tensor: torch.Tensor, expected: tuple[int, ...]) -> None:
     if tuple(tensor.shape) != expected:
-        raise ValueError(f"shape {tuple(tensor.shape)} does not match expected {expected}")
+        raise ConfigError(f"shape {tuple(tensor.shape)} does not match expected {expected}")
 
 
 class ColumnParallelLinear(ShardedModule):

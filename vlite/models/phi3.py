@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from vlite.core.errors import ConfigError
 from vlite.core.hookspecs import Register, hookimpl
 from vlite.core.weight_format import QuantizedWeight
 from vlite.models.gguf_names import LLAMA_LAYER_MODULES, PHI3_MODULES
@@ -77,7 +78,7 @@ def _check_longrope_window(hf_config: Any, long_rope_threshold: int | None) -> N
     docstring)."""
     window = getattr(hf_config, "sliding_window", None)
     if long_rope_threshold is not None and window and window < long_rope_threshold:
-        raise ValueError(
+        raise ConfigError(
             f"sliding_window={window} is shorter than LongRoPE's "
             f"original_max_position_embeddings={long_rope_threshold}, which vlite does not "
             "support: a sequence outgrowing it recomputes every earlier token; use a config "
@@ -97,7 +98,7 @@ def _split_rows(
 def _check_rows(name: str, tensor: torch.Tensor, qkv_rows: int, gate_up_rows: int) -> None:
     expected = qkv_rows if name.rsplit(".", 2)[-2] == "qkv_proj" else gate_up_rows
     if tensor.shape[0] != expected:
-        raise ValueError(
+        raise ConfigError(
             f"weight {name!r} has {tensor.shape[0]} rows, expected {expected} (the fused "
             "projections of this config)"
         )

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from vlite.core.errors import ConfigError
 from vlite.core.weight_format import QuantizedWeight, WeightFormat, joinable
 from vlite.kernels.native import BLOCK_LAYOUTS
 from vlite.plugins.weight_formats.gguf import NAME as GGUF_FORMAT_NAME
@@ -169,7 +170,7 @@ def plan_quantization(
             ``"gguf"`` where no weight can stay quantized (the message says why).
     """
     if setting not in QUANTIZATION_CHOICES:
-        raise ValueError(
+        raise ConfigError(
             f"quantization={setting!r} is not supported; choose one of {QUANTIZATION_CHOICES}"
         )
     formats = dict(builtin_weight_formats() if formats is None else formats)
@@ -179,7 +180,7 @@ def plan_quantization(
             f"{name}: {', '.join(sorted(fmt.tensor_types)) or 'none'}"
             for name, fmt in formats.items()
         )
-        raise ValueError(
+        raise ConfigError(
             f"quantization='gguf' keeps a GGUF file's quantized weights in the weight formats "
             f"that take them ({takes or 'no weight format is registered'}), but here none "
             f"can be kept: {plan.reason}; use quantization='auto' (keep what can be kept) or "

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vlite.core.errors import ConfigError
 from vlite.models.longrope import LongRope
 
 _DEFAULT_THETA = 10000.0
@@ -82,7 +83,7 @@ def rope_parameters_from_config(config: Any, layer_type: str = "full_attention")
     partial = params.pop("partial_rotary_factor", None)
     partial = partial or getattr(config, "partial_rotary_factor", None) or 1.0
     if not 0.0 < partial <= 1.0:
-        raise ValueError(f"partial_rotary_factor={partial} is invalid: must be in (0, 1]")
+        raise ConfigError(f"partial_rotary_factor={partial} is invalid: must be in (0, 1]")
     if rope_type == "longrope":
         params["original_max_position_embeddings"] = _longrope_original_max(config, params)
     return RopeParameters(float(theta), rope_type, params, float(partial))
@@ -99,7 +100,7 @@ def _longrope_original_max(config: Any, params: dict[str, Any]) -> int:
     ):
         if value is not None:
             return int(value)
-    raise ValueError(
+    raise ConfigError(
         "rope_type='longrope' needs original_max_position_embeddings (or "
         "max_position_embeddings) in the config"
     )
@@ -147,7 +148,7 @@ def compute_inv_freq(head_dim: int, rope: RopeParameters) -> torch.Tensor:
             "rope_type='longrope' has two sets of inverse frequencies (LongRope.inv_freq), "
             "built into one table by RotaryEmbedding"
         )
-    raise ValueError(
+    raise ConfigError(
         f"rope_type={rope.rope_type!r} is not supported by vlite yet (supported: 'default', "
         "'linear', 'llama3', 'longrope')"
     )
@@ -176,7 +177,7 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         rotary_dim = int(head_dim * rope.partial_rotary_factor)
         if rotary_dim % 2 != 0 or rotary_dim == 0:
-            raise ValueError(
+            raise ConfigError(
                 f"RoPE needs an even, non-zero number of rotated dimensions; head_dim="
                 f"{head_dim} with partial_rotary_factor={rope.partial_rotary_factor} gives "
                 f"{rotary_dim}"

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from vlite.core.attention import AttentionBackend
+from vlite.core.errors import ConfigError
 from vlite.core.hookspecs import Register, hookimpl
 from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vlite.distributed.pipeline import SINGLE_STAGE, PipelineParallelGroup
@@ -29,7 +30,7 @@ def rope_layers(hf_config: Any) -> list[bool]:
         interval = getattr(hf_config, "no_rope_layer_interval", 4)
         flags = [(index + 1) % interval != 0 for index in range(hf_config.num_hidden_layers)]
     if len(flags) != hf_config.num_hidden_layers:
-        raise ValueError(
+        raise ConfigError(
             f"smollm3: no_rope_layers has {len(flags)} entries for "
             f"{hf_config.num_hidden_layers} layers"
         )

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from vlite.core.config import VliteConfig
+from vlite.core.errors import ConfigError
 from vlite.core.weight_format import QuantizedWeight, WeightFormat
 from vlite.models.gguf import (
     gguf_hf_config,
@@ -117,7 +118,7 @@ class ModelSpec:
     def architecture(self) -> str:
         architectures = getattr(self.hf_config, "architectures", None) or []
         if not architectures:
-            raise ValueError(f"{self.folder}/config.json names no 'architectures'")
+            raise ConfigError(f"{self.folder}/config.json names no 'architectures'")
         return architectures[0]
 
     @property
@@ -189,7 +190,7 @@ class ModelSpec:
         folder, gguf_file = resolve_model(config.model, config.load_format)
         if gguf_file is not None:
             if config.load_format == "safetensors":
-                raise ValueError(
+                raise ConfigError(
                     f"load_format='safetensors' but the model is a GGUF file ({gguf_file}); "
                     "use load_format='auto'"
                 )
@@ -311,10 +312,12 @@ def _max_model_len(config: VliteConfig, hf_config: Any) -> int:
     model_limit = getattr(hf_config, "max_position_embeddings", None)
     if config.max_model_len is None:
         if model_limit is None:
-            raise ValueError("the model's config has no max_position_embeddings: set max_model_len")
+            raise ConfigError(
+                "the model's config has no max_position_embeddings: set max_model_len"
+            )
         return model_limit
     if model_limit is not None and config.max_model_len > model_limit:
-        raise ValueError(
+        raise ConfigError(
             f"max_model_len={config.max_model_len} exceeds the model's "
             f"max_position_embeddings={model_limit}"
         )
@@ -340,7 +343,7 @@ def layer_sliding_windows(hf_config: Any) -> tuple[int | None, ...]:
         return (None,) * num_layers
     if layer_types:
         if len(layer_types) != num_layers:
-            raise ValueError(
+            raise ConfigError(
                 f"the config lists {len(layer_types)} layer_types for {num_layers} layers"
             )
         return tuple(window if kind == "sliding_attention" else None for kind in layer_types)

@@ -324,7 +324,7 @@ def _check_backend_supports(
 ) -> None:
     violation = limits_violation(backend_cls, dtype, head_dim, block_size)
     if violation is not None:
-        raise ValueError(f"attention backend {name!r} does not support {violation}")
+        raise ConfigError(f"attention backend {name!r} does not support {violation}")
 
 
 def model_weights_bytes(model: torch.nn.Module) -> int:

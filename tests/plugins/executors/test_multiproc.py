@@ -18,6 +18,7 @@ import pytest
 
 from vlite import LLM, SamplingParams
 from vlite.core.config import VliteConfig
+from vlite.core.errors import PluginError
 from vlite.core.plugins import PluginRegistry, build_plugin_manager
 from vlite.plugins.executors.multiproc import MultiprocExecutor
 from vlite.plugins.executors.worker_pool import WorkerProcessError, threads_per_worker
@@ -72,7 +73,7 @@ def test_a_registry_that_cannot_be_pickled_is_a_clear_error(model):
     Plugin.register_samplers = hookimpl(Plugin.register_samplers)
     registry = PluginRegistry(build_plugin_manager((Plugin,), load_entry_points=False))
     config = VliteConfig(model=model, executor="multiproc")
-    with pytest.raises(ValueError, match="registry to its worker processes.*cannot be pickled"):
+    with pytest.raises(PluginError, match="registry to its worker processes.*cannot be pickled"):
         MultiprocExecutor(config, registry)
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vlite.core.errors import ConfigError
+
 #: The smallest tile edge ``tl.dot`` accepts.
 MIN_DOT_TILE = 16
 #: The widest N and K tiles used under the interpreter.
@@ -42,7 +44,7 @@ class MoETiles:
         for name in ("block_m", "block_n", "block_k"):
             value = getattr(self, name)
             if value < MIN_DOT_TILE or value & (value - 1):
-                raise ValueError(
+                raise ConfigError(
                     f"{name}={value}: tiles must be powers of two of at least {MIN_DOT_TILE}"
                 )
 

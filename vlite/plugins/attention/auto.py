@@ -36,6 +36,7 @@ from vlite.core.attention_selection import (  # noqa: F401  (re-exported for cal
     resolve_attention_backend,
     unavailable_reason,
 )
+from vlite.core.errors import ConfigError
 from vlite.core.hookspecs import Register, hookimpl
 
 #: Device type -> registry names, most preferred first.
@@ -105,7 +106,7 @@ class AutoAttentionBackend(AttentionBackend):
             if reason is None:
                 return name
             reasons.append(f"{name}: {reason}")
-        raise ValueError(
+        raise ConfigError(
             f"attention backend 'auto' found no backend for {device.type} in "
             f"{dtype_name(dtype)}: " + " | ".join(reasons)
         )

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from vlite.core.attention import AttentionBackend, AttentionMetadata
+from vlite.core.errors import ConfigError
 from vlite.core.hookspecs import Register, hookimpl
 
 #: Query heads per KV head times head dim that the kernel's buffers hold.
@@ -38,7 +39,7 @@ class CpuAttentionBackend(AttentionBackend):
     ) -> None:
         super().__init__(num_heads, num_kv_heads, head_dim, scale, block_size)
         if self.num_queries_per_kv > 64 or self.num_queries_per_kv * head_dim > _MAX_GROUP_VALUES:
-            raise ValueError(
+            raise ConfigError(
                 f"the cpu attention backend supports at most 64 query heads per KV head and "
                 f"{_MAX_GROUP_VALUES} values per KV-head group; got {self.num_queries_per_kv} "
                 f"x head dim {head_dim}"

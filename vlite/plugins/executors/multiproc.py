@@ -29,6 +29,7 @@ from concurrent.futures import Future
 import msgspec
 
 from vlite.core.config import VliteConfig
+from vlite.core.errors import ConfigError
 from vlite.core.executor import Executor
 from vlite.core.hookspecs import hookimpl
 from vlite.core.memory import WorkerMemory
@@ -133,7 +134,7 @@ def check_model_splits(config: VliteConfig, registry: PluginRegistry) -> None:
     if tp == 1:
         return
     if not getattr(model_cls, "supports_tensor_parallel", False):
-        raise ValueError(
+        raise ConfigError(
             f"model class {model_cls.__qualname__} ({spec.architecture}) does not support "
             f"tensor parallelism; tensor_parallel_size={tp} needs one that does"
         )
@@ -149,7 +150,7 @@ def check_pipeline_split(config: VliteConfig, spec: ModelSpec, model_cls: type) 
 
     pp = config.pipeline_parallel_size
     if not getattr(model_cls, "supports_pipeline_parallel", False):
-        raise ValueError(
+        raise ConfigError(
             f"model class {model_cls.__qualname__} ({spec.architecture}) does not support "
             f"pipeline parallelism; pipeline_parallel_size={pp} needs one that does"
         )

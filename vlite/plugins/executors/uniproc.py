@@ -13,6 +13,7 @@ from __future__ import annotations
 from concurrent.futures import Future
 
 from vlite.core.config import VliteConfig
+from vlite.core.errors import ConfigError
 from vlite.core.executor import Executor
 from vlite.core.hookspecs import hookimpl
 from vlite.core.outputs import ModelRunnerOutput, SchedulerOutput
@@ -27,7 +28,7 @@ class UniprocExecutor(Executor):
         super().__init__(config, registry)
         for name in ("tensor_parallel_size", "pipeline_parallel_size"):
             if getattr(config, name) != 1:
-                raise ValueError(
+                raise ConfigError(
                     f"executor 'uniproc' runs one worker; {name}={getattr(config, name)} needs "
                     "a multi-process executor ('multiproc' or 'ray')"
                 )

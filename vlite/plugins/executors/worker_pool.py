@@ -30,7 +30,7 @@ from typing import NoReturn
 import msgspec
 
 from vlite.core.config import VliteConfig
-from vlite.core.errors import ExecutorFailedError
+from vlite.core.errors import ExecutorFailedError, PluginError
 from vlite.core.outputs import ModelRunnerOutput
 from vlite.distributed import file_init_method
 from vlite.worker.cpu_threads import resolve_cpu_threads, thread_environment
@@ -105,7 +105,7 @@ class WorkerProcessPool:
             try:
                 inner = pickle.dumps(bootstrap)
             except Exception as exc:
-                raise ValueError(
+                raise PluginError(
                     "executor 'multiproc' hands the plugin registry to its worker processes, "
                     f"but it cannot be pickled ({type(exc).__name__}: {exc}); register plugin "
                     "classes defined at module level"

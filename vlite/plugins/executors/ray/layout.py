@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vlite.core.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class RankRole:
@@ -36,7 +38,7 @@ def rank_roles(tensor_parallel_size: int, pipeline_parallel_size: int = 1) -> li
         ("pipeline_parallel_size", pipeline_parallel_size),
     ):
         if size < 1:
-            raise ValueError(f"{name}={size}; expected 1 or more")
+            raise ConfigError(f"{name}={size}; expected 1 or more")
     last_stage = pipeline_parallel_size - 1
     return [
         RankRole(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from vlite.core.errors import VliteError
+from vlite.core.errors import ConfigError, VliteError
 from vlite.plugins.executors.ray.session import import_ray
 
 #: How long the cluster may take to reserve every bundle (an autoscaler may add nodes).
@@ -41,12 +41,12 @@ def parse_bundle_resources(entries: tuple[str, ...]) -> dict[str, float]:
         except ValueError:
             amount = math.nan
         if not sep or not name or not amount > 0 or math.isinf(amount):
-            raise ValueError(
+            raise ConfigError(
                 f"ray_bundle_resources entry {entry!r} is not NAME=AMOUNT with a positive "
                 "amount (e.g. 'node_a=1')"
             )
         if name in RESOURCES_SET_BY_VLITE:
-            raise ValueError(
+            raise ConfigError(
                 f"ray_bundle_resources entry {entry!r} names {name}, which the executor sets "
                 "itself (cpu_threads per rank on CPU, one GPU per rank on CUDA); name a "
                 "custom resource instead"

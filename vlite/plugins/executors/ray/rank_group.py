@@ -25,6 +25,7 @@ import time
 from typing import Any, NoReturn
 
 from vlite.core.config import VliteConfig
+from vlite.core.errors import PluginError
 from vlite.plugins.executors.ray.failures import (
     RankFailure,
     RayWorkerError,
@@ -157,7 +158,7 @@ class RayRankGroup:
         try:
             inner = cloudpickle.dumps(bootstrap)
         except Exception as exc:
-            raise ValueError(
+            raise PluginError(
                 "executor 'ray' hands the plugin registry to its Ray actors, but it cannot be "
                 f"pickled ({type(exc).__name__}: {exc})"
             ) from exc
