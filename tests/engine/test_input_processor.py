@@ -69,3 +69,23 @@ def test_a_tokenizer_without_chat_template_is_an_error():
 
     with pytest.raises(ValueError, match="no chat template"):
         InputProcessor(bare).apply_chat_template([{"role": "user", "content": "Hi"}])
+
+
+def test_a_template_that_rejects_the_messages_is_an_invalid_request():
+    strict = make_tiny_tokenizer()
+    strict.chat_template = "{{ raise_exception('roles must alternate') }}"
+
+    with pytest.raises(InvalidRequestError, match="roles must alternate"):
+        InputProcessor(strict).apply_chat_template([{"role": "user", "content": "Hi"}])
+
+
+def test_a_fault_of_the_tokenizer_is_not_reported_as_bad_input():
+    broken = make_tiny_tokenizer()
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("the tokenizer broke")
+
+    broken.apply_chat_template = fails
+    with pytest.raises(RuntimeError, match="the tokenizer broke") as raised:
+        InputProcessor(broken).apply_chat_template([{"role": "user", "content": "Hi"}])
+    assert not isinstance(raised.value, InvalidRequestError)

@@ -20,6 +20,7 @@ is recomputed), so resuming a preempted request needs nothing from here.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -38,6 +39,8 @@ from vlite.core.structured_output import (
     check_backend_takes,
 )
 from vlite.core.structured_output_params import StructuredOutputsError, StructuredOutputsParams
+
+logger = logging.getLogger(__name__)
 
 #: Compiled grammars kept for reuse (least recently used dropped first).
 GRAMMAR_CACHE_SIZE = 256
@@ -76,6 +79,9 @@ class StructuredOutputRequest:
         try:
             self.matcher = self.compiled.result().new_matcher()
         except Exception as exc:
+            # The request fails, not the engine; the traceback goes to the log, as this may
+            # be the backend's fault rather than the grammar's.
+            logger.warning("the %s grammar could not be compiled", self.backend, exc_info=True)
             self.error = f"the {self.backend} grammar could not be compiled: {exc}"
             return False
         return True

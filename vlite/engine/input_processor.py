@@ -104,11 +104,16 @@ class InputProcessor:
             raise InvalidRequestError(
                 "the model's tokenizer has no chat template; send plain prompts"
             )
+        from jinja2 import TemplateError
+
         try:
             text = self.tokenizer.apply_chat_template(
                 messages, tools=tools, add_generation_prompt=True, tokenize=False
             )
-        except Exception as exc:  # jinja2 errors: the template rejected these messages
+        except (TemplateError, ValueError, TypeError) as exc:
+            # The template rejected these messages (its raise_exception, an undefined
+            # field), or the tokenizer their shape: the request's fault. Anything else is
+            # a fault of ours or the tokenizer's and keeps its traceback.
             raise InvalidRequestError(
                 f"the chat template could not format the messages: {exc}"
             ) from exc

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import threading
 from typing import Any
@@ -47,6 +48,8 @@ from vlite.plugins.executors.ray.placement import parse_bundle_resources, reserv
 from vlite.plugins.executors.ray.session import connect, disconnect, import_ray
 from vlite.plugins.executors.worker_pool import threads_per_worker
 from vlite.worker.cpu_threads import thread_environment
+
+logger = logging.getLogger(__name__)
 
 #: Seconds an actor asked to shut down gets before it is killed.
 SHUTDOWN_GRACE_S = 5.0
@@ -207,6 +210,8 @@ class RayCore:
         except Exception as exc:
             self._exitcode = 1
             self._end_reason = _first_line(str(exc))
+            # Ray's message carries the remote traceback: keep all of it in the log.
+            logger.error("the engine-core actor ended with an error:\n%s", exc)
         with contextlib.suppress(OSError):
             os.write(self._write_end, b"\0")
 
