@@ -375,3 +375,11 @@ def test_a_setting_the_model_cannot_run_with_is_a_config_error(tiny_model):
 
     with pytest.raises(ConfigError, match="max_model_len=100000 exceeds"):
         LLM(model=tiny_model, max_model_len=100000)
+
+
+def test_run_input_help_names_every_field_a_jsonl_line_takes():
+    from vlite.core.sampling_params import SAMPLING_PARAM_NAMES
+
+    text = "".join(invoke("run", "--help").output.split())
+    for name in (*SAMPLING_PARAM_NAMES, "priority"):
+        assert name.replace("_", "") in text.replace("_", ""), name

@@ -44,9 +44,8 @@ class PromptSpec:
     "input_file",
     type=click.File("r"),
     help="File of prompts: plain lines, or JSONL with 'prompt' and optional per-request "
-    "fields (max_tokens, temperature, top_p, top_k, seed, stop, stop_token_ids, "
-    "ignore_eos, n, presence_penalty, frequency_penalty, repetition_penalty, min_p, "
-    "min_tokens, logprobs, priority). '-' reads stdin.",
+    f"fields (every SamplingParams field: {', '.join(SAMPLING_FIELDS)}; and priority). "
+    "'-' reads stdin.",
 )
 @click.option("--chat", is_flag=True, help="Send each prompt as a user message (chat template).")
 @click.option(
