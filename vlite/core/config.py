@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 from pydantic import Field, field_validator
@@ -302,3 +302,9 @@ def describe_sources(config_file: str | Path | None, overrides: dict[str, Any]) 
         else:
             origins[name] = "default"
     return origins
+
+
+def setting_choices(name: str) -> tuple[str, ...]:
+    """The values the ``Literal`` setting ``name`` of :class:`VliteConfig` allows, in order
+    (the one list of them: code that checks a value derives its choices from here)."""
+    return get_args(VliteConfig.model_fields[name].annotation)

@@ -14,13 +14,14 @@ from safetensors import safe_open
 from torch import nn
 
 from vlite.core.attention import AttentionBackend
+from vlite.core.config import setting_choices
 from vlite.core.errors import ConfigError
 from vlite.core.weight_format import QuantizedWeight
 from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vlite.distributed.pipeline import SINGLE_STAGE, PipelineParallelGroup
 from vlite.models.parallel_layers import ShardedModule
 
-LOAD_FORMATS = ("auto", "safetensors", "dummy")
+LOAD_FORMATS = setting_choices("load_format")
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 
 #: Standard deviation of dummy weights: small enough that activations and logits stay

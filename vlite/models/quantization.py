@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from vlite.core.config import setting_choices
 from vlite.core.errors import ConfigError
 from vlite.core.weight_format import QuantizedWeight, WeightFormat, joinable
 from vlite.kernels.native import BLOCK_LAYOUTS
@@ -41,7 +42,7 @@ from vlite.plugins.weight_formats.gguf import GGUFBlockFormat, GGUFBlockWeight
 
 #: Values of the ``quantization`` setting: ``auto`` keeps what it can, ``gguf`` insists
 #: (an error where nothing can be kept), ``none`` dequantizes everything.
-QUANTIZATION_CHOICES = ("auto", "gguf", "none")
+QUANTIZATION_CHOICES = setting_choices("quantization")
 #: GGUF tensor types the built-in ``gguf`` format's kernels multiply by without dequantizing.
 KERNEL_TYPES = frozenset(BLOCK_LAYOUTS)
 #: Types that hold plain floats: not "quantized" (the plan never lists them as dequantized).

@@ -14,6 +14,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from vlite.core.config import ENV_PREFIX
+from vlite.engine.data_parallel_client import DATA_PARALLEL_BACKENDS
 
 MIB = 1 << 20
 
@@ -64,7 +65,7 @@ class ServerSettings(BaseSettings):
         "to the least-loaded one. Unless --cpu-threads is set, they share the cores; on "
         "GPUs each core gets its own (tp x pp each).",
     )
-    data_parallel_backend: Literal["mp", "ray"] = Field(
+    data_parallel_backend: Literal[DATA_PARALLEL_BACKENDS] = Field(
         "mp",
         description="Where the engine cores run: 'mp', local processes; 'ray', Ray actors "
         "spread over the cluster's nodes (connects to --ray-address; needs vlite[ray]).",
