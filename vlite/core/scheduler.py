@@ -26,6 +26,7 @@ import warnings
 from dataclasses import dataclass
 
 from vlite.core.errors import PluginError
+from vlite.core.grammar_gate import GrammarGate, grammar_ends
 from vlite.core.kv_cache import KVCacheManager
 from vlite.core.outputs import (
     CachedRequestData,
@@ -153,11 +154,8 @@ class Scheduler:
         #: know the tokens they sampled). A request that turns out to have stopped wastes
         #: that one token, which nothing reads.
         self.overlaps_decodes = False
-        #: Compiles and queries grammars (set by the engine; needed for structured outputs).
-        self.structured_outputs: StructuredOutputManager | None = None
-        #: Requests whose grammar is compiling (``WAITING_FOR_FSM``), in arrival order.
-        self.waiting_for_fsm: list[Request] = []
-        self._num_structured = 0
+        #: Holds structured-output requests until their grammar compiles; their masks.
+        self.grammars = GrammarGate()
         self._failures: list[RequestFailure] = []
         self._arrival_counter = itertools.count()
         self._finished_since_last_step: list[str] = []
@@ -292,41 +290,35 @@ class Scheduler:
         """Queue a request; one with structured outputs waits for its grammar first."""
         self.requests[request.request_id] = request
         request.arrival_index = next(self._arrival_counter)
-        params = request.sampling_params.structured_outputs
-        if params is None:
+        if request.sampling_params.structured_outputs is None:
             self._enqueue_waiting(request)
-            return
-        if self.structured_outputs is None:
-            raise RuntimeError("the scheduler has no StructuredOutputManager (set by the engine)")
-        request.structured_output = self.structured_outputs.start(params)
-        request.status = RequestStatus.WAITING_FOR_FSM
-        self.waiting_for_fsm.append(request)
-        self._num_structured += 1
+        else:
+            self.grammars.hold(request)
 
     def admit_compiled_requests(self) -> None:
         """Move the requests whose grammar has compiled to the waiting queue; end those
         whose grammar failed (reported by the next :meth:`update_from_output` or
         :meth:`take_failures`)."""
-        if not self.waiting_for_fsm:
-            return
-        compiling = []
-        timeout_s = self.structured_outputs.compile_timeout_s
-        for request in self.waiting_for_fsm:
-            grammar = request.structured_output
-            if grammar.give_up_after(timeout_s):
-                request.status = RequestStatus.FINISHED_ERROR
-                self._failures.append(RequestFailure(request.request_id, grammar.error))
-                self._release(request)
-            elif not grammar.is_compiled:
-                compiling.append(request)
-            elif grammar.start_matching():
-                request.status = RequestStatus.WAITING
-                self._enqueue_waiting(request)
-            else:
-                request.status = RequestStatus.FINISHED_ERROR
-                self._failures.append(RequestFailure(request.request_id, grammar.error))
-                self._release(request)
-        self.waiting_for_fsm = compiling
+        ready, failed = self.grammars.release()
+        for request in ready:
+            self._enqueue_waiting(request)
+        for request, reason in failed:
+            self._failures.append(RequestFailure(request.request_id, reason))
+            self._release(request)
+
+    @property
+    def structured_outputs(self) -> StructuredOutputManager | None:
+        """The grammar manager (set by the engine; the gate's)."""
+        return self.grammars.manager
+
+    @structured_outputs.setter
+    def structured_outputs(self, manager: StructuredOutputManager | None) -> None:
+        self.grammars.manager = manager
+
+    @property
+    def waiting_for_fsm(self) -> list[Request]:
+        """Requests whose grammar is compiling (``WAITING_FOR_FSM``), in arrival order."""
+        return self.grammars.compiling
 
     @property
     def has_failures(self) -> bool:
@@ -349,7 +341,7 @@ class Scheduler:
             if request in self.running:
                 self.running.remove(request)
             elif request.status is RequestStatus.WAITING_FOR_FSM:
-                self.waiting_for_fsm.remove(request)
+                self.grammars.drop(request)
             else:
                 self.waiting.remove(request)
             request.status = status
@@ -361,8 +353,7 @@ class Scheduler:
         self.kv_cache_manager.free(request, num_computed_tokens=request.num_computed_tokens)
         del self.requests[request.request_id]
         self._finished_since_last_step.append(request.request_id)
-        if request.structured_output is not None:
-            self._num_structured -= 1
+        self.grammars.forget(request)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -374,7 +365,7 @@ class Scheduler:
     @property
     def num_waiting_requests(self) -> int:
         """Requests not running: queued, or waiting for their grammar to compile."""
-        return len(self.waiting) + len(self.waiting_for_fsm)
+        return len(self.waiting) + len(self.grammars.compiling)
 
     # ---- schedule ------------------------------------------------------------------
 
@@ -416,7 +407,7 @@ class Scheduler:
             num_scheduled_tokens=step.num_scheduled_tokens,
             finished_request_ids=finished,
             num_preempted=step.num_preempted,
-            grammar_bitmask=self._grammar_bitmask(step) if self._num_structured else None,
+            grammar_bitmask=self._grammar_bitmask(step) if self.grammars.num_structured else None,
         )
 
     def _grammar_bitmask(self, step: _StepPlan) -> GrammarBitmask | None:
@@ -428,7 +419,7 @@ class Scheduler:
             grammar = request.structured_output
             if grammar is not None and request.num_computed_tokens + num_new >= request.num_tokens:
                 rows.append((request_id, grammar))
-        return self.structured_outputs.grammar_bitmask(rows)
+        return self.grammars.bitmask(rows)
 
     def _schedule_running(self, step: _StepPlan) -> None:
         is_budget_spent = False
@@ -638,33 +629,11 @@ class Scheduler:
         for token_id in token_ids:
             request.append_output_token(token_id)
             appended.append(token_id)
-            if request.structured_output is not None and _grammar_ends(request, token_id):
+            if request.structured_output is not None and grammar_ends(request, token_id):
                 break
             if check_stop(request, self.limits.max_model_len):
                 break
         return appended
-
-
-def _grammar_ends(request: Request, token_id: int) -> bool:
-    """Advance the request's grammar by ``token_id``; finish the request (and say so) when
-    the grammar is complete (``stop``) or forbids the token (``error``: the sampler did
-    not honour the mask)."""
-    matcher = request.structured_output.matcher
-    if not matcher.accept_token(token_id):
-        request.status = RequestStatus.FINISHED_ERROR
-        request.error = (
-            f"token {token_id} was sampled, but the request's grammar does not allow it "
-            "there (the sampler did not honour the grammar's mask)"
-        )
-        return True
-    if matcher.is_terminated():
-        request.status = RequestStatus.FINISHED_STOPPED
-        params = request.sampling_params
-        request.shows_last_token = (
-            token_id != request.eos_token_id and token_id not in params.stop_token_ids
-        )
-        return True
-    return False
 
 
 def _final_output(
