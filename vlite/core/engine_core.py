@@ -18,7 +18,14 @@ from vlite.core.plugins import PluginRegistry, build_plugin_manager
 from vlite.core.request import EngineCoreRequest, Request, RequestStatus
 from vlite.core.sampler import unsupported_sampling_options
 from vlite.core.scheduler import Scheduler, SchedulerLimits, build_scheduler, resolve_limits
-from vlite.core.stats import BatchEntry, StepObserver, StepRecord, StepStats, StepTotals
+from vlite.core.stats import (
+    BatchEntry,
+    CoreOccupancy,
+    StepObserver,
+    StepRecord,
+    StepStats,
+    StepTotals,
+)
 from vlite.core.structured_output_manager import StructuredOutputManager
 from vlite.core.weight_format import registered_weight_formats
 
@@ -320,6 +327,13 @@ class EngineCore:
         """Finish requests for a reason found outside the core (a stop string)."""
         self.scheduler.finish_requests(request_ids, status)
 
+    def fail_unfinished_requests(self) -> list[str]:
+        """Finish every unfinished request as an error, freeing its blocks (after a step
+        that raised: its batch is in an unknown state); return their ids."""
+        request_ids = list(self.scheduler.requests)
+        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ERROR)
+        return request_ids
+
     def has_unfinished_requests(self) -> bool:
         """Whether a step has work: requests, batches in flight, or failures to report."""
         scheduler = self.scheduler
@@ -328,6 +342,17 @@ class EngineCore:
         )
 
     # ---- statistics ----------------------------------------------------------------
+
+    def occupancy(self) -> CoreOccupancy:
+        """The KV blocks and requests the core holds now."""
+        kv_cache, scheduler = self.kv_cache_manager, self.scheduler
+        return CoreOccupancy(
+            num_kv_blocks=kv_cache.num_blocks,
+            num_free_kv_blocks=kv_cache.num_free_blocks,
+            num_unfinished_requests=scheduler.num_unfinished_requests,
+            num_running_requests=len(scheduler.running),
+            num_waiting_requests=scheduler.num_waiting_requests,
+        )
 
     @property
     def last_step_stats(self) -> StepStats | None:

@@ -107,6 +107,23 @@ class BatchEntry(NamedTuple):
 
 
 @dataclass(frozen=True)
+class CoreOccupancy:
+    """What an engine core holds between steps: its KV blocks and its requests."""
+
+    num_kv_blocks: int
+    num_free_kv_blocks: int
+    num_unfinished_requests: int
+    num_running_requests: int
+    #: Queued, or waiting for a grammar to compile.
+    num_waiting_requests: int
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """The fraction of KV blocks in use (0 to 1)."""
+        return (self.num_kv_blocks - self.num_free_kv_blocks) / max(self.num_kv_blocks, 1)
+
+
+@dataclass(frozen=True)
 class StepRecord:
     """What a step observer receives once a step has finished.
 

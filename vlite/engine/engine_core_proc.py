@@ -32,7 +32,6 @@ import zmq
 from vlite.core.config import VliteConfig
 from vlite.core.engine_core import EngineCore
 from vlite.core.errors import ExecutorFailedError, InvalidRequestError
-from vlite.core.request import RequestStatus
 from vlite.engine.core_messages import (
     AddRequest,
     CoreInput,
@@ -197,8 +196,7 @@ class EngineCoreProc:
         error (freeing its blocks) and tell the front end, then keep serving."""
         self.num_failed_steps += 1
         logger.exception("engine core step failed; failing all unfinished requests")
-        request_ids = list(self.engine_core.scheduler.requests)
-        self.engine_core.finish_requests(request_ids, RequestStatus.FINISHED_ERROR)
+        request_ids = self.engine_core.fail_unfinished_requests()
         message = f"the engine core's step failed: {type(exc).__name__}: {exc}"
         self.output_queue.put(RequestErrors(request_ids, message))
 
@@ -217,17 +215,16 @@ class EngineCoreProc:
         self.engine_core.finish_requests(message.request_ids, message.status)
 
     def _get_stats(self, message: GetStats) -> None:
-        core = self.engine_core
-        kv_cache = core.kv_cache_manager
+        occupancy = self.engine_core.occupancy()
         stats = EngineCoreStats(
-            num_kv_blocks=kv_cache.num_blocks,
-            num_free_kv_blocks=kv_cache.num_free_blocks,
-            kv_cache_usage=kv_cache.num_used_blocks / max(kv_cache.num_blocks, 1),
-            num_unfinished_requests=core.scheduler.num_unfinished_requests,
-            num_running_requests=len(core.scheduler.running),
-            num_waiting_requests=core.scheduler.num_waiting_requests,
+            num_kv_blocks=occupancy.num_kv_blocks,
+            num_free_kv_blocks=occupancy.num_free_kv_blocks,
+            kv_cache_usage=occupancy.kv_cache_usage,
+            num_unfinished_requests=occupancy.num_unfinished_requests,
+            num_running_requests=occupancy.num_running_requests,
+            num_waiting_requests=occupancy.num_waiting_requests,
             num_failed_steps=self.num_failed_steps,
-            totals=core.step_totals,
+            totals=self.engine_core.step_totals,
         )
         self.output_queue.put(UtilityResult(message.call_id, stats=stats))
 
