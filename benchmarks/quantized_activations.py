@@ -4,9 +4,12 @@ For each quantized type the C kernels take, a random matrix of that type (``--sh
 default 2048 x 1536) multiplied by ``--rows`` rows of random activations through
 ``GGUFBlockKernels.product`` with ``activations`` ``"float32"``, ``"int8"`` and ``"int16"``:
 the three alternate call by call, ``--repeats`` times each, and the best time
-and median of each are kept. Prints one row per type and row count: the best times and each
-quantized mode's speed against float32, best (median). What ``quantized_activations=auto``
-was chosen from (README, "Quantized activations"); run it on a quiet machine.
+and median of each are kept. Prints the CPU (``lscpu``'s model name and its vector and
+matrix flags) and two limits measured on it with the same threads: PyTorch's float32 GEMM
+(2048^3) and a streaming read of 256 MiB; then one row per type and row count: the best
+times, each quantized mode's speed against float32, best (median), and the fastest mode's
+GFLOP/s as a share of the GEMM's. What ``quantized_activations=auto`` was chosen from
+(README, "Quantized activations"); run it on a quiet machine.
 
     python benchmarks/quantized_activations.py                     # 1 and 8 rows, 2 threads
     python benchmarks/quantized_activations.py --rows 1 --types Q4_K Q6_K --threads 1
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
+import subprocess
 import time
 
 import numpy as np
@@ -52,6 +56,43 @@ def call_times(products: dict, x: torch.Tensor, repeats: int) -> dict[str, list[
     return times
 
 
+#: The CPU flags that decide which kernels run (vector width, integer and bf16 dot products,
+#: matrix tiles).
+KERNEL_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
+                "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")  # fmt: skip
+
+
+def describe_cpu() -> str:
+    """``lscpu``'s model name and which of :data:`KERNEL_FLAGS` the CPU has."""
+    try:
+        text = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return platform.processor() or platform.machine()
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    flags = set(fields.get("Flags", "").split())
+    name = fields.get("Model name", platform.machine()).strip()
+    return f"{name}; flags: {' '.join(f for f in KERNEL_FLAGS if f in flags) or 'none of note'}"
+
+
+def best_seconds(run, repeats: int = 5) -> float:
+    run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def measured_limits() -> tuple[float, float]:
+    """``(float32 GEMM GFLOP/s, streaming read GB/s)`` with the current threads."""
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    gemm = 2 * 2048**3 / best_seconds(lambda: torch.mm(a, b)) / 1e9
+    big = torch.ones(64 << 20)
+    read = big.nbytes / best_seconds(big.sum) / 1e9
+    return gemm, read
+
+
 def ratio(best: dict[str, float], median: dict[str, float], mode: str) -> str:
     """``mode``'s speed against float32: ``"1.40x (1.35x)"``, best (median)."""
     return f"{best['float32'] / best[mode]:.2f}x ({median['float32'] / median[mode]:.2f}x)"
@@ -62,12 +103,17 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     kernels = gguf_block_kernels()
     rows, cols = args.shape
-    print(f"{platform.processor() or platform.machine()}, {args.threads} threads, {rows} x {cols}")
+    gemm_peak, read_peak = measured_limits()
+    print(f"{describe_cpu()}; {args.threads} threads; {rows} x {cols}")
+    print(
+        f"measured: float32 GEMM {gemm_peak:.0f} GFLOP/s (torch.mm 2048^3), streaming read "
+        f"{read_peak:.1f} GB/s (sum of 256 MiB)"
+    )
     print(
         "| type | rows | float32 µs | int8 µs | int16 µs | int8 / float32 best (median) "
-        "| int16 / float32 best (median) |"
+        "| int16 / float32 best (median) | fastest: GFLOP/s (of the GEMM's) |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     rng = np.random.default_rng(0)
     for qtype in args.types:
         if not kernels.has_quantized_activations(qtype):
@@ -80,10 +126,13 @@ def main() -> None:
             times = call_times(products, x, args.repeats)
             best = {mode: min(t) for mode, t in times.items()}
             median = {mode: statistics.median(t) for mode, t in times.items()}
+            fastest = min(best, key=best.get)
+            gflops = 2 * num_rows * rows * cols / best[fastest] / 1e9
             print(
                 f"| {qtype} | {num_rows} | {1e6 * best['float32']:.0f} | "
                 f"{1e6 * best['int8']:.0f} | {1e6 * best['int16']:.0f} | "
-                f"{ratio(best, median, 'int8')} | {ratio(best, median, 'int16')} |"
+                f"{ratio(best, median, 'int8')} | {ratio(best, median, 'int16')} | "
+                f"{fastest}: {gflops:.0f} ({gflops / gemm_peak:.0%}) |"
             )
 
 
