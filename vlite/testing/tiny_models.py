@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+#: The architectures vlite runs itself (the oracle's list). The tiny-model helpers take any
+#: architecture ``transformers`` has a config class for, so a model plugin can test on one.
 ARCHITECTURES = (
     "LlamaForCausalLM",
     "MistralForCausalLM",
@@ -108,10 +110,14 @@ def make_tiny_config(
     """A small ``transformers`` config for ``architecture``; ``kw`` overrides any field."""
     import transformers
 
-    if architecture not in ARCHITECTURES:
-        raise ValueError(f"unknown architecture {architecture!r}; expected one of {ARCHITECTURES}")
     config_name = _CONFIG_CLASSES.get(architecture, architecture.replace("ForCausalLM", "Config"))
-    config_cls = getattr(transformers, config_name)
+    config_cls = getattr(transformers, config_name, None)
+    if config_cls is None:
+        raise ValueError(
+            f"transformers has no {config_name} for architecture {architecture!r}: a tiny "
+            f"model can be made of any architecture transformers knows (the built-in ones: "
+            f"{', '.join(ARCHITECTURES)})"
+        )
     fields = dict(_CONFIG_DEFAULTS)
     if architecture == "Qwen3ForCausalLM":
         fields["head_dim"] = 32  # deliberately != hidden_size // num_attention_heads
