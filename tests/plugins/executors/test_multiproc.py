@@ -83,10 +83,10 @@ def test_the_kv_cache_takes_the_smallest_rank_budget():
             self.num_blocks = num_blocks
 
     executor = MultiprocExecutor.__new__(MultiprocExecutor)
-    executor.pool = RecordingPool()
+    executor.ranks = RecordingPool()
     executor._num_kv_blocks_per_rank = [40, 37]
     assert executor.initialize_kv_cache() == 37
-    assert executor.pool.num_blocks == 37
+    assert executor.ranks.num_blocks == 37
 
 
 def test_tensor_parallel_ranks_agree_on_the_cache_and_report_their_memory(model, registry):

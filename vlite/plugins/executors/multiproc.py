@@ -22,25 +22,21 @@ futures rely on.
 
 from __future__ import annotations
 
-import weakref
 from collections import deque
 from concurrent.futures import Future
 
-import msgspec
-
 from vlite.core.config import VliteConfig
 from vlite.core.errors import ConfigError
-from vlite.core.executor import Executor
 from vlite.core.hookspecs import hookimpl
-from vlite.core.memory import WorkerMemory
 from vlite.core.outputs import ModelRunnerOutput, SchedulerOutput
 from vlite.core.plugins import PluginRegistry
 from vlite.models.spec import ModelSpec
+from vlite.plugins.executors.remote_workers import RemoteWorkersExecutor
 from vlite.plugins.executors.worker_pool import WorkerProcessPool
 from vlite.worker.protocol import ExecuteStep
 
 
-class MultiprocExecutor(Executor):
+class MultiprocExecutor(RemoteWorkersExecutor):
     """Runs ``tensor_parallel_size`` workers in child processes, tensor parallel.
 
     Workers are started and load their shards during construction. A worker that raises,
@@ -50,42 +46,18 @@ class MultiprocExecutor(Executor):
     interpreter exits) stops every worker process.
     """
 
-    runs_workers_in_subprocesses = True
-    supports_tensor_parallel = True
-
     def __init__(self, config: VliteConfig, registry: PluginRegistry) -> None:
         super().__init__(config, registry)
         check_model_splits(config, registry)
         self.pool = WorkerProcessPool(config, registry)
-        self._finalizer = weakref.finalize(self, self.pool.stop)
-        try:
-            loaded = self.pool.wait_until_loaded()
-        except BaseException:
-            self.shutdown()
-            raise
-        self.attention_backend_name = loaded[0].attention_backend_name
-        self._num_kv_blocks_per_rank = [reply.num_kv_blocks for reply in loaded]
-        self.worker_memory = tuple(
-            WorkerMemory(reply.weights_bytes, reply.kv_cache_block_bytes) for reply in loaded
-        )
-        self._encoder = msgspec.msgpack.Encoder()
         self._awaiting: deque[_ReplyFuture] = deque()
-
-    def initialize_kv_cache(self) -> int:
-        num_blocks = min(self._num_kv_blocks_per_rank)
-        self.pool.initialize_kv_cache(num_blocks)
-        return num_blocks
+        self.adopt_ranks(self.pool, self.pool.wait_until_loaded)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> None:
         self.pool.broadcast(self._encoder.encode(ExecuteStep(scheduler_output)))
 
     def sample_tokens(self) -> ModelRunnerOutput:
         return self.pool.receive_step_result()
-
-    @property
-    def max_concurrent_batches(self) -> int:
-        """One batch per pipeline stage."""
-        return self.config.pipeline_parallel_size
 
     def execute_model_async(self, scheduler_output: SchedulerOutput) -> Future[ModelRunnerOutput]:
         """Send the batch to every rank and return at once; the future's ``result()`` reads
@@ -103,9 +75,6 @@ class MultiprocExecutor(Executor):
             future.set_exception(exc)
             while self._awaiting:  # the pool refuses further work: so do the later ones
                 self._awaiting.popleft().set_exception(exc)
-
-    def shutdown(self) -> None:
-        self._finalizer()
 
 
 class _ReplyFuture(Future):

@@ -14,14 +14,11 @@ on over ``torch.distributed`` as under ``multiproc``; each actor runs its calls 
 
 from __future__ import annotations
 
-import weakref
 from concurrent.futures import Future
 
 import msgspec
 
 from vlite.core.config import VliteConfig
-from vlite.core.executor import Executor
-from vlite.core.memory import WorkerMemory
 from vlite.core.outputs import ModelRunnerOutput, SchedulerOutput
 from vlite.core.plugins import PluginRegistry
 from vlite.plugins.executors.multiproc import check_model_splits
@@ -29,9 +26,10 @@ from vlite.plugins.executors.ray.pending_step import PendingStep
 from vlite.plugins.executors.ray.placement import parse_bundle_resources
 from vlite.plugins.executors.ray.rank_group import RayRankGroup
 from vlite.plugins.executors.ray.session import import_ray
+from vlite.plugins.executors.remote_workers import RemoteWorkersExecutor
 
 
-class RayExecutor(Executor):
+class RayExecutor(RemoteWorkersExecutor):
     """Runs ``tensor_parallel_size x pipeline_parallel_size`` ranks as Ray actors.
 
     Construction connects to Ray (``ray_address``; see :mod:`.session`), reserves the
@@ -50,34 +48,15 @@ class RayExecutor(Executor):
         RayPlacementError: the cluster cannot hold one bundle per rank.
     """
 
-    runs_workers_in_subprocesses = True
-    supports_tensor_parallel = True
-
     def __init__(self, config: VliteConfig, registry: PluginRegistry) -> None:
         super().__init__(config, registry)
         import_ray()
         check_model_splits(config, registry)
         bundle_resources = parse_bundle_resources(config.ray_bundle_resources)
         self.group = RayRankGroup(config, registry, bundle_resources)
-        self._finalizer = weakref.finalize(self, self.group.stop)
-        try:
-            loaded = self.group.load()
-        except BaseException:
-            self.shutdown()
-            raise
-        self.attention_backend_name = loaded[0].attention_backend_name
-        self._num_kv_blocks_per_rank = [reply.num_kv_blocks for reply in loaded]
-        self.worker_memory = tuple(
-            WorkerMemory(reply.weights_bytes, reply.kv_cache_block_bytes) for reply in loaded
-        )
-        self._encoder = msgspec.msgpack.Encoder()
         self._output_decoder = msgspec.msgpack.Decoder(ModelRunnerOutput)
         self._step: PendingStep | None = None
-
-    def initialize_kv_cache(self) -> int:
-        num_blocks = min(self._num_kv_blocks_per_rank)
-        self.group.initialize_kv_cache(num_blocks)
-        return num_blocks
+        self.adopt_ranks(self.group, self.group.load)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> None:
         self._step = self.execute_model_async(scheduler_output)
@@ -88,16 +67,8 @@ class RayExecutor(Executor):
             raise RuntimeError("sample_tokens() needs an execute_model() call before it")
         return step.result()
 
-    @property
-    def max_concurrent_batches(self) -> int:
-        """One batch per pipeline stage."""
-        return self.config.pipeline_parallel_size
-
     def execute_model_async(self, scheduler_output: SchedulerOutput) -> Future[ModelRunnerOutput]:
         """Send the step to every rank and return at once (a :class:`PendingStep`)."""
         group, decode = self.group, self._output_decoder.decode
         replies = group.submit_step(self._encoder.encode(scheduler_output))
         return PendingStep(lambda: decode(group.collect_step(replies)))
-
-    def shutdown(self) -> None:
-        self._finalizer()
