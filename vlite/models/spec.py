@@ -185,7 +185,7 @@ class ModelSpec:
 
         Raises:
             ModelNotFoundError: the model cannot be found; the message says why and what to do.
-            ValueError: ``load_format`` does not fit the model, or a bad ``max_model_len``.
+            ConfigError: ``load_format`` does not fit the model, or a bad ``max_model_len``.
         """
         folder, gguf_file = resolve_model(config.model, config.load_format)
         if gguf_file is not None:

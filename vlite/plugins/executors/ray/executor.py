@@ -43,7 +43,7 @@ class RayExecutor(RemoteWorkersExecutor):
 
     Raises:
         RayNotInstalledError: Ray cannot be imported (``pip install "vlite[ray]"``).
-        ValueError: a tensor-parallel size or pipeline split the model cannot take, or a
+        ConfigError: a tensor-parallel size or pipeline split the model cannot take, or a
             malformed ``ray_bundle_resources`` entry.
         RayPlacementError: the cluster cannot hold one bundle per rank.
     """
