@@ -12,21 +12,13 @@ from typing import Any
 
 import torch
 
-#: The architectures vlite runs itself (the oracle's list). The tiny-model helpers take any
-#: architecture ``transformers`` has a config class for, so a model plugin can test on one.
-ARCHITECTURES = (
-    "LlamaForCausalLM",
-    "MistralForCausalLM",
-    "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM",
-    "SmolLM3ForCausalLM",
-    "Phi3ForCausalLM",
-    "MixtralForCausalLM",
-    "Qwen2MoeForCausalLM",
-    "Qwen3MoeForCausalLM",
-    "OlmoeForCausalLM",
-    "Gemma2ForCausalLM",
-    "Gemma3ForCausalLM",
+from vlite.core.plugins import PluginRegistry, build_plugin_manager
+
+#: The architectures vlite runs itself (the oracle's list): the models its built-in plugins
+#: register. The tiny-model helpers take any architecture ``transformers`` has a config class
+#: for, so a model plugin can test on one.
+ARCHITECTURES: tuple[str, ...] = tuple(
+    PluginRegistry(build_plugin_manager(load_entry_points=False)).names("model")
 )
 
 #: Config classes whose name is not the architecture's with ``Config`` for ``ForCausalLM``.
