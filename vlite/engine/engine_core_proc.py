@@ -14,6 +14,7 @@ The process is started by :class:`~vlite.engine.core_client.CoreProcess` with
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -217,12 +218,8 @@ class EngineCoreProc:
     def _get_stats(self, message: GetStats) -> None:
         occupancy = self.engine_core.occupancy()
         stats = EngineCoreStats(
-            num_kv_blocks=occupancy.num_kv_blocks,
-            num_free_kv_blocks=occupancy.num_free_kv_blocks,
+            **dataclasses.asdict(occupancy),
             kv_cache_usage=occupancy.kv_cache_usage,
-            num_unfinished_requests=occupancy.num_unfinished_requests,
-            num_running_requests=occupancy.num_running_requests,
-            num_waiting_requests=occupancy.num_waiting_requests,
             num_failed_steps=self.num_failed_steps,
             totals=self.engine_core.step_totals,
         )
