@@ -74,11 +74,12 @@ def test_short_and_long_tables_equal_transformers(partial, extra):
         assert torch.equal(ours.sin_cache[rows], hf_sin)
 
 
-def test_per_token_flags_pick_the_table():
+def test_each_tokens_context_length_picks_the_table():
     ours = RotaryEmbedding.from_config(_phi3_config(), HEAD_DIM)
-    positions = torch.tensor([3, 3, 40])
-    rows = ours.cache_rows(positions, torch.tensor([False, True, True]))
-    assert rows.tolist() == [3, 3 + ORIGINAL_MAX, 40 + ORIGINAL_MAX]
+    positions = torch.tensor([3, 3, 40, 5])
+    context_lens = torch.tensor([ORIGINAL_MAX, ORIGINAL_MAX + 1, 41, 6])
+    rows = ours.cache_rows(positions, context_lens)
+    assert rows.tolist() == [3, 3 + ORIGINAL_MAX, 40 + ORIGINAL_MAX, 5]
     assert not torch.equal(ours.cos_cache[rows[0]], ours.cos_cache[rows[1]])
 
 

@@ -133,3 +133,31 @@ def test_a_window_shorter_than_the_original_context_is_refused(tmp_path):
     folder = make_longrope_model(tmp_path, 1.0, sliding_window=16)
     with pytest.raises(ValueError, match="sliding_window=16 is shorter than LongRoPE's"):
         Phi3ForCausalLM(load_hf_config(folder), TorchAttentionBackend, 16)
+
+
+def test_with_async_scheduling(oracle_case):
+    # The next step is scheduled while the last one's token is unknown: a request whose
+    # unknown token crosses 32 waits for it, then is recomputed.
+    folder, prompts, expected = oracle_case
+    llm = LLM(model=str(folder), async_scheduling=True, enable_prefix_caching=False)
+    assert vlite_greedy(llm, prompts) == expected
+
+
+def test_the_recompute_is_scheduled_within_the_token_budget(oracle_case):
+    folder, prompts, expected = oracle_case
+    llm = LLM(
+        model=str(folder),
+        enable_chunked_prefill=True,
+        max_num_batched_tokens=8,
+        enable_prefix_caching=False,
+    )
+    core = llm.llm_engine.engine_core
+    steps = []
+    core.add_step_observer(steps.append)
+    assert vlite_greedy(llm, prompts[1:4]) == expected[1:4]  # the three that cross 32
+    scheduled = [s.stats.num_prefill_tokens + s.stats.num_decode_tokens for s in steps]
+    assert max(scheduled) <= 8
+    # Each request computes its prompt and all but its last token, and once it knows 33
+    # tokens, its 32 cached ones again (in chunks of at most 8).
+    computed = sum(len(prompt) + NUM_NEW_TOKENS - 1 for prompt in prompts[1:4])
+    assert sum(scheduled) == computed + 3 * ORIGINAL_MAX

@@ -37,10 +37,23 @@ def test_a_mixed_step_lays_tokens_end_to_end():
     # Only sequences reaching the end of their known tokens sample: b and c.
     assert inputs.logits_indices.tolist() == [5, 8]
     assert inputs.sampled_request_ids == ["b", "c"]
-    assert metadata.use_long_rope is None
+    # a and c start their caches now, knowing 9 and 3 tokens; b never did (0).
+    assert metadata.context_lens_at_cache_start.tolist() == [9] * 5 + [0] + [3] * 3
 
 
-def test_long_rope_flags_are_per_token():
-    states = [state("a", 2, [1], 0), state("b", 5, [2], 4)]
-    inputs = prepare_inputs(states, [2, 1], 16, torch.device("cpu"), long_rope=[False, True])
-    assert inputs.attn_metadata.use_long_rope.tolist() == [False, False, True]
+def test_a_cache_started_again_from_position_0_records_what_it_knows_then():
+    # b's cache was started knowing 4 tokens; it now knows 6 and is computed again from 0
+    # (a scheduler's recompute), while a goes on with the count it started with.
+    a, b = state("a", 5, [1], 4), state("b", 6, [2], 0)
+    a.num_tokens_at_cache_start, b.num_tokens_at_cache_start = 2, 4
+    inputs = prepare_inputs([a, b], [1, 6], 16, torch.device("cpu"))
+    assert inputs.attn_metadata.context_lens_at_cache_start.tolist() == [2] + [6] * 6
+    assert (a.num_tokens_at_cache_start, b.num_tokens_at_cache_start) == (2, 6)
+
+
+def test_a_pending_sampled_token_counts_as_known_when_a_cache_starts():
+    b = state("b", 3, [2], 0)
+    b.pending_token = (torch.tensor([7]), 0)  # sampled on the device, not yet on the host
+    inputs = prepare_inputs([b], [4], 16, torch.device("cpu"))
+    assert inputs.input_ids.tolist() == [100, 101, 102, 7]
+    assert b.num_tokens_at_cache_start == 4

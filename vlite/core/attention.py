@@ -34,9 +34,11 @@ class AttentionMetadata:
         max_seq_len: Largest context length in the batch (host int).
         query_lens_cpu: Query length per sequence as host ints (for backends that loop).
         seq_lens_cpu: Context length per sequence as host ints.
-        use_long_rope: ``[num_tokens]`` bool, only for a model with LongRoPE scaling
-            (``None`` otherwise; backends ignore it): the token is rotated with the
-            long-context factors (see :mod:`vlite.models.longrope`).
+        context_lens_at_cache_start: ``[num_tokens]`` int64, read by models whose keys
+            depend on their sequence's length (LongRoPE, see :mod:`vlite.models.longrope`;
+            backends ignore it): how many tokens each token's sequence knew when its cache
+            was last computed from position 0. ``None`` where the builder of the metadata
+            does not track it (a model then takes the step as one sequence).
     """
 
     slot_mapping: torch.Tensor
@@ -47,7 +49,7 @@ class AttentionMetadata:
     max_seq_len: int
     query_lens_cpu: list[int]
     seq_lens_cpu: list[int]
-    use_long_rope: torch.Tensor | None = None
+    context_lens_at_cache_start: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:

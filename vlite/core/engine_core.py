@@ -193,6 +193,7 @@ class EngineCore:
                 max_model_len=max_model_len,
                 enable_chunked_prefill=config.enable_chunked_prefill,
                 long_prefill_token_threshold=config.long_prefill_token_threshold,
+                recompute_past_length=model_spec.recompute_past_length,
             ),
         )
         #: Which weights stay quantized (``config.quantization`` for this model and device).

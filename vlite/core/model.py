@@ -50,6 +50,14 @@ class ModelDescription(Protocol):
         then runs without prefix caching), or ``None``."""
         ...
 
+    @property
+    def recompute_past_length(self) -> int | None:
+        """A model whose cached keys depend on whether their sequence knows more than this
+        many tokens (LongRoPE rotates every token with other factors past its pre-training
+        context) has each request's cache computed again once it outgrows it; ``None``:
+        the keys never depend on the length (see ``SchedulerLimits.recompute_past_length``)."""
+        ...
+
     def quantization_plan(
         self, setting: str, device: torch.device, formats: Mapping[str, Any] | None = None
     ) -> Any:

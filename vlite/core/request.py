@@ -91,6 +91,9 @@ class Request:
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0
         self.num_preemptions = 0
+        #: Tokens the request knew when its cache was last computed from position 0 (see
+        #: ``SchedulerLimits.recompute_past_length``).
+        self.num_tokens_at_cache_start = 0
         self.stop_reason: int | str | None = None
         #: The grammar of a request with ``structured_outputs`` (set by the scheduler).
         self.structured_output: StructuredOutputRequest | None = None

@@ -59,6 +59,11 @@ class SchedulerLimits:
         long_prefill_token_threshold: with chunked prefill, the most tokens one request
             computes in a step (0: no limit but the budget), so that several prompts share
             a step.
+        recompute_past_length: the model's cached keys depend on whether their sequence
+            knows more than this many tokens (LongRoPE's pre-training context, see
+            :attr:`~vlite.core.model.ModelDescription.recompute_past_length`): a request
+            whose cache was started at or below it is computed again from position 0 once
+            it knows more, scheduled within the token budget like a prompt. ``None``: never.
     """
 
     max_num_seqs: int
@@ -66,6 +71,7 @@ class SchedulerLimits:
     max_model_len: int
     enable_chunked_prefill: bool | None = False
     long_prefill_token_threshold: int = 0
+    recompute_past_length: int | None = None
 
 
 def build_scheduler(
@@ -273,7 +279,19 @@ class Scheduler:
         return (
             request.num_output_tokens + 1 < request.sampling_params.max_tokens
             and request.num_tokens + 1 < self.limits.max_model_len
+            and not self._outgrows_cache(request, request.num_tokens + 1)
         )
+
+    def _outgrows_cache(self, request: Request, num_tokens: int) -> bool:
+        """Whether ``request``, knowing ``num_tokens`` tokens, must compute its cache again
+        from position 0 (see :attr:`SchedulerLimits.recompute_past_length`)."""
+        limit = self.limits.recompute_past_length
+        return limit is not None and request.num_tokens_at_cache_start <= limit < num_tokens
+
+    def _restart_cache(self, request: Request) -> None:
+        """Compute ``request``'s cache again from position 0, in the blocks it holds."""
+        request.num_computed_tokens = 0
+        request.num_tokens_at_cache_start = request.num_tokens
 
     def _checked_num_tokens(self, request: Request, num_pending: int, budget: int) -> int:
         num_new = self.num_tokens_to_schedule(request, num_pending, budget)
@@ -431,6 +449,8 @@ class Scheduler:
                 continue  # its previous batch has not come back yet
             if len(step.num_scheduled_tokens) >= step.max_seqs:
                 break  # the batch's share of the requests is full
+            if not num_in_flight and self._outgrows_cache(request, request.num_tokens):
+                self._restart_cache(request)
             # An overlapping request computes the one token its batch in flight samples.
             num_pending = 1 if num_in_flight else request.num_tokens - request.num_computed_tokens
             num_new = self._checked_num_tokens(request, num_pending, step.budget)
@@ -555,6 +575,8 @@ class Scheduler:
             request.first_scheduled_time = time.monotonic()
         request.status = RequestStatus.RUNNING
         request.num_computed_tokens = num_cached
+        if not num_cached:
+            request.num_tokens_at_cache_start = request.num_tokens
         request.num_cached_tokens = max(request.num_cached_tokens, num_cached)
         self.kv_cache_manager.record_prefix_lookup(request.num_tokens, num_cached)
         self.running.append(request)

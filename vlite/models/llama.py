@@ -421,8 +421,8 @@ class LlamaForCausalLM(nn.Module):
         _check_supported(hf_config)
         self.set_up_stage(hf_config, attn_backend_cls, block_size, tp_group, pp_group)
         self.rotary_emb = RotaryEmbedding.from_config(hf_config, self.head_dim)
-        #: LongRoPE: sequences of more known tokens use the long factors, which the worker
-        #: marks per token in ``AttentionMetadata.use_long_rope``; ``None`` without LongRoPE.
+        #: LongRoPE: sequences of more known tokens use the long factors (read per token
+        #: from ``AttentionMetadata.context_lens_at_cache_start``); ``None`` without it.
         self.long_rope_threshold: int | None = self.rotary_emb.long_rope_threshold
         self.model = LlamaModel(
             hf_config,
@@ -539,7 +539,7 @@ class LlamaForCausalLM(nn.Module):
             positions,
             hidden.dtype,
             self.native_ops,
-            use_long_rope=attn_metadata.use_long_rope,
+            context_lens=attn_metadata.context_lens_at_cache_start,
         )
         layers = [self.model.layers[index] for index in self.model.layer_indices]
         for layer, kv_cache in zip(layers, kv_caches, strict=True):
@@ -547,6 +547,14 @@ class LlamaForCausalLM(nn.Module):
         if not self.pp_group.is_last:
             return [hidden, residual]
         return self.model.norm(hidden, residual)[0]
+
+    @property
+    def replay_unavailable_reason(self) -> str | None:
+        """Why a decode step of this model cannot be captured and replayed (the worker asks;
+        ``None``: it can)."""
+        if self.long_rope_threshold is not None:
+            return "a LongRoPE model rotates by the context's length, known only per step"
+        return None
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """``[n, hidden_size]`` -> ``[n, vocab_size]`` float32 logits (full on every rank)."""

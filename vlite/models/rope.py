@@ -231,22 +231,26 @@ class RotaryEmbedding(nn.Module):
         return None if self.longrope is None else self.longrope.original_max_position_embeddings
 
     def cache_rows(
-        self, positions: torch.Tensor, use_long_rope: torch.Tensor | None = None
+        self, positions: torch.Tensor, context_lens: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Rows of the cos/sin cache for ``positions`` ``[T]``: the positions themselves,
         but for LongRoPE: ``position + original_max`` for tokens rotated with the long
         factors.
 
-        ``use_long_rope`` ``[T]`` bool says which tokens those are (the worker sets it per
-        sequence, see :mod:`vlite.models.longrope`); without it the step is taken as one
-        sequence, long when its last position is at or past ``original_max``.
+        ``context_lens`` ``[T]``: how many tokens each token's sequence knew when its cache
+        was started (``AttentionMetadata.context_lens_at_cache_start``); the long factors
+        rotate the tokens of sequences of more than ``original_max`` (see
+        :mod:`vlite.models.longrope`). Without it the step is taken as one sequence, long
+        when its last position is at or past ``original_max``.
         """
         if self.longrope is None or positions.numel() == 0:
             return positions
         original_max = self.longrope.original_max_position_embeddings
-        if use_long_rope is None:
-            use_long_rope = positions.max() >= original_max  # a 0-d tensor: no host sync
-        return positions + use_long_rope.to(positions.dtype) * original_max
+        if context_lens is None:
+            use_long = positions.max() >= original_max  # a 0-d tensor: no host sync
+        else:
+            use_long = context_lens > original_max
+        return positions + use_long.to(positions.dtype) * original_max
 
     @classmethod
     def from_config(
@@ -262,12 +266,12 @@ class RotaryEmbedding(nn.Module):
         positions: torch.Tensor,
         query: torch.Tensor,
         key: torch.Tensor,
-        use_long_rope: torch.Tensor | None = None,
+        context_lens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate ``query`` ``[T, num_heads, head_dim]`` and ``key`` ``[T, num_kv_heads,
         head_dim]`` by ``positions`` ``[T]``; returns new tensors of the same shapes.
-        ``use_long_rope``: see :meth:`cache_rows`."""
-        rotation = StepRotation(self, positions, query.dtype, use_long_rope=use_long_rope)
+        ``context_lens``: see :meth:`cache_rows`."""
+        rotation = StepRotation(self, positions, query.dtype, context_lens=context_lens)
         return rotation.rotate(query), rotation.rotate(key)
 
 
@@ -288,7 +292,7 @@ class StepRotation:
     With ``native`` (:class:`~vlite.kernels.native.FusedOps`), float32 CPU tensors are
     rotated in place by one C call; otherwise cos/sin rows are gathered once here and each
     layer's :meth:`rotate` is the reference formula (HF's ``rotate_half``).
-    ``use_long_rope`` ``[T]`` bool picks LongRoPE's table per token (see
+    ``context_lens`` ``[T]`` picks LongRoPE's table per token (see
     :meth:`RotaryEmbedding.cache_rows`).
     """
 
@@ -298,10 +302,10 @@ class StepRotation:
         positions: torch.Tensor,
         dtype: torch.dtype,
         native: Any = None,
-        use_long_rope: torch.Tensor | None = None,
+        context_lens: torch.Tensor | None = None,
     ) -> None:
         self.head_dim = rope.head_dim
-        rows = rope.cache_rows(positions, use_long_rope)
+        rows = rope.cache_rows(positions, context_lens)
         is_native = (
             native is not None
             and native.handles(dtype, rows.device)

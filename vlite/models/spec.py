@@ -99,6 +99,21 @@ class ModelSpec:
         with its long factors once the sequence passes ``original_max_position_embeddings``
         tokens, so the same prefix has different keys in a short and in a long sequence.
         """
+        original_max = self.recompute_past_length
+        if original_max is None:
+            return None
+        return (
+            "its LongRoPE scaling rotates a sequence's keys again with the long factors once "
+            f"it passes original_max_position_embeddings={original_max} tokens, so a prefix's "
+            f"cached keys differ between short and long sequences (max_model_len <= "
+            f"{original_max} keeps it exact)"
+        )
+
+    @property
+    def recompute_past_length(self) -> int | None:
+        """LongRoPE's pre-training context when a sequence may outgrow it (``max_model_len``
+        is longer): past it every key is rotated with the long factors (see
+        :mod:`vlite.models.longrope`); ``None`` otherwise."""
         from vlite.models.rope import rope_parameters_from_config
 
         rope = rope_parameters_from_config(self.hf_config)
@@ -107,12 +122,7 @@ class ModelSpec:
             return None
         if self.max_model_len <= original_max:
             return None
-        return (
-            "its LongRoPE scaling rotates a sequence's keys again with the long factors once "
-            f"it passes original_max_position_embeddings={original_max} tokens, so a prefix's "
-            f"cached keys differ between short and long sequences (max_model_len <= "
-            f"{original_max} keeps it exact)"
-        )
+        return int(original_max)
 
     @property
     def architecture(self) -> str:

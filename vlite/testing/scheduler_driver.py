@@ -138,10 +138,12 @@ class SchedulerDriver:
         long_prefill_token_threshold: int = 0,
         next_token: Callable[[Request], int] | None = None,
         sliding_window: int | None = None,
+        recompute_past_length: int | None = None,
     ) -> SchedulerDriver:
         """A driver for a registered scheduler class (a ``SchedulingPolicy`` subclass, or
         an API-1 ``Scheduler`` subclass), built as the engine builds it (``sliding_window``:
-        the KV-cache manager releases blocks outside it)."""
+        the KV-cache manager releases blocks outside it; ``recompute_past_length``: see
+        :class:`~vlite.core.scheduler.SchedulerLimits`)."""
         kv_cache = KVCacheManager(num_blocks, block_size, enable_prefix_caching, sliding_window)
         limits = SchedulerLimits(
             max_num_seqs,
@@ -149,6 +151,7 @@ class SchedulerDriver:
             max_model_len,
             enable_chunked_prefill,
             long_prefill_token_threshold,
+            recompute_past_length,
         )
         return cls(build_scheduler(scheduler_cls, limits, kv_cache), kv_cache, next_token)
 

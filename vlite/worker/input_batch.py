@@ -20,8 +20,8 @@ class CachedRequestState:
     list is never replaced: logits processors hold it, see ``AddedRequest.token_ids``).
     ``has_sampling_extras``: the request uses min-p, a penalty or logprobs, so a step
     whose rows all lack it skips building their inputs with one check.
-    ``uses_long_rope``: with LongRoPE, the request's cached keys were computed with the
-    long factors (see :class:`~vlite.worker.model_runner.ModelRunner`).
+    ``num_tokens_at_cache_start``: the tokens known when the request's cache was last
+    computed from position 0 (``AttentionMetadata.context_lens_at_cache_start``).
     ``reads_own_tokens``: sampling the request reads its tokens (penalties, ``min_tokens``,
     bad words, a grammar, a plugin's ``extra_args``), so they must all be known first.
     ``pending_token``: a token sampled but not yet appended to ``token_ids`` (async
@@ -37,7 +37,7 @@ class CachedRequestState:
     num_prompt_tokens: int
     generator: torch.Generator | None = None
     has_sampling_extras: bool = False
-    uses_long_rope: bool = False
+    num_tokens_at_cache_start: int = 0
     reads_own_tokens: bool = False
     pending_token: tuple[torch.Tensor, int] | None = None
 
@@ -71,13 +71,12 @@ def prepare_inputs(
     num_scheduled: list[int],
     block_size: int,
     device: torch.device,
-    long_rope: list[bool] | None = None,
 ) -> ModelInputs:
     """Lay the scheduled tokens of ``states`` end to end, with positions and cache slots.
 
     ``num_scheduled[i]`` new tokens of ``states[i]`` are computed, starting at its
-    ``num_computed_tokens``. ``long_rope[i]`` (LongRoPE models only): ``states[i]``'s
-    tokens are rotated with the long factors (``AttentionMetadata.use_long_rope``).
+    ``num_computed_tokens``. A state whose tokens start at position 0 records how many it
+    knows as its ``num_tokens_at_cache_start``.
     """
     num_computed = np.fromiter((s.num_computed_tokens for s in states), np.int64, len(states))
     query_lens = np.asarray(num_scheduled, dtype=np.int64)
@@ -98,6 +97,7 @@ def prepare_inputs(
     known = np.fromiter((len(s.token_ids) for s in states), np.int64, len(states))
     known[pending] += 1  # a token sampled but not yet on the host is known
     is_sampled = seq_lens == known
+    at_cache_start = _record_cache_starts(states, num_computed, known)
     logits_indices = query_start_loc[1:][is_sampled] - 1
 
     def to_device(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
@@ -113,9 +113,9 @@ def prepare_inputs(
         query_lens_cpu=query_lens.tolist(),
         seq_lens_cpu=seq_lens.tolist(),
     )
-    if long_rope is not None:
-        per_token = np.repeat(np.asarray(long_rope, dtype=np.bool_), query_lens)
-        metadata.use_long_rope = to_device(per_token, torch.bool)
+    metadata.context_lens_at_cache_start = to_device(
+        np.repeat(at_cache_start, query_lens), torch.int64
+    )
     device_input_ids = to_device(input_ids, torch.int64)
     _fill_pending_tokens(device_input_ids, states, query_start_loc, placeholders)
     return ModelInputs(
@@ -125,6 +125,16 @@ def prepare_inputs(
         logits_indices=to_device(logits_indices, torch.int64),
         sampled_request_ids=[s.request_id for s, yes in zip(states, is_sampled) if yes],
     )
+
+
+def _record_cache_starts(
+    states: list[CachedRequestState], num_computed: np.ndarray, known: np.ndarray
+) -> np.ndarray:
+    """``[num_seqs]`` each state's ``num_tokens_at_cache_start``, first set to its
+    ``known`` tokens for the states computed from position 0 in this step."""
+    for index in np.flatnonzero(num_computed == 0).tolist():
+        states[index].num_tokens_at_cache_start = int(known[index])
+    return np.fromiter((s.num_tokens_at_cache_start for s in states), np.int64, len(states))
 
 
 def _block_table_array(

@@ -61,8 +61,6 @@ class ModelRunner:
         self._pending: tuple[ModelInputs, torch.Tensor, GrammarBitmask | None] | None = None
         #: This worker's pipeline stage (the only one without pipeline parallelism).
         self.pipeline: PipelineParallelGroup = getattr(model, "pp_group", SINGLE_STAGE)
-        #: LongRoPE models: sequences of more known tokens use the long factors.
-        self.long_rope_threshold: int | None = getattr(model, "long_rope_threshold", None)
         #: Captured decode forwards (:meth:`capture_decode_graphs`; ``None``: all eager).
         self.decode_graphs: DecodeGraphs | None = None
 
@@ -112,7 +110,6 @@ class ModelRunner:
             self.logits_processors.remove_request(request_id)
         for new in scheduler_output.new_requests:
             state = self.requests[new.request_id] = self._new_request_state(new)
-            self._start_long_rope(state)
             self.logits_processors.add_request(
                 AddedRequest(
                     new.request_id,
@@ -126,37 +123,10 @@ class ModelRunner:
             state = self.requests[cached.request_id]
             if cached.is_resumed:
                 state.block_ids = list(cached.new_block_ids)
-                self._start_long_rope(state)
             else:
                 state.block_ids += cached.new_block_ids
             state.num_computed_tokens = cached.num_computed_tokens
             _learn_tokens(state, cached.num_computed_tokens, cached.new_token_ids)
-
-    def _start_long_rope(self, state: CachedRequestState) -> None:
-        """LongRoPE: a request (re)admitted with more known tokens than the threshold
-        computes all of them with the long factors."""
-        if self.long_rope_threshold is not None:
-            state.uses_long_rope = len(state.token_ids) > self.long_rope_threshold
-
-    def _long_rope_flags(
-        self, states: list[CachedRequestState], num_scheduled: list[int]
-    ) -> list[bool]:
-        """LongRoPE: whether each sequence is rotated with the long factors this step.
-
-        As in transformers' Phi-3 generation, a sequence's logits come from every one of its
-        tokens rotated with the long factors once it has more known tokens than the
-        threshold. A sequence that outgrows it now recomputes its cached keys (rotated with
-        the short factors) from position 0 in this step, into the blocks it holds:
-        ``num_scheduled`` and ``num_computed_tokens`` are updated for that.
-        """
-        flags = []
-        for index, state in enumerate(states):
-            if not state.uses_long_rope and len(state.token_ids) > self.long_rope_threshold:
-                num_scheduled[index] += state.num_computed_tokens
-                state.num_computed_tokens = 0
-                state.uses_long_rope = True
-            flags.append(state.uses_long_rope)
-        return flags
 
     def _new_request_state(self, new: NewRequestData) -> CachedRequestState:
         params = new.sampling_params
@@ -193,11 +163,7 @@ class ModelRunner:
         scheduled = scheduler_output.num_scheduled_tokens
         states = [self.requests[request_id] for request_id in scheduled]
         num_scheduled = list(scheduled.values())
-        long_rope = None
-        if self.long_rope_threshold is not None:
-            resolve_all(self._unresolved)  # the switch to long factors counts known tokens
-            long_rope = self._long_rope_flags(states, num_scheduled)
-        inputs = prepare_inputs(states, num_scheduled, self.block_size, self.device, long_rope)
+        inputs = prepare_inputs(states, num_scheduled, self.block_size, self.device)
         hidden = self._forward(inputs)
         for state, num_tokens in zip(states, num_scheduled):
             state.num_computed_tokens += num_tokens

@@ -281,9 +281,7 @@ class Worker:
             return f"attention backend {self.attention_backend_name!r} is not the C kernel 'cpu'"
         if self.tp_group.is_parallel or self.pp_group.num_stages > 1:
             return "not recorded with tensor or pipeline parallelism"
-        if self.runner.long_rope_threshold is not None:
-            return "a LongRoPE model rotates by the context's length, known only per step"
-        return None
+        return getattr(self.runner.model, "replay_unavailable_reason", None)
 
     def cuda_graphs_unavailable_reason(self) -> str | None:
         """Why this worker's decode steps cannot be captured (``None``: they can)."""
@@ -294,9 +292,7 @@ class Worker:
             return "not captured with tensor parallelism"
         if self.pp_group.num_stages > 1:
             return "not captured with pipeline parallelism"
-        if self.runner.long_rope_threshold is not None:
-            return "a LongRoPE model rotates by the context's length, known only per step"
-        return None
+        return getattr(self.runner.model, "replay_unavailable_reason", None)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> None:
         if self.thread_governor is not None:
