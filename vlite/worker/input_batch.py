@@ -4,20 +4,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 import torch
 
 from vlite.core.attention import AttentionMetadata
-from vlite.core.sampling_params import SamplingParams
+from vlite.core.outputs import NewRequestData
 
 
-@dataclass
-class CachedRequestState:
-    """What a worker remembers about a request between steps.
+class CachedRequestState(NewRequestData, kw_only=True):
+    """What a worker remembers about a request between steps: the
+    :class:`~vlite.core.outputs.NewRequestData` it arrived as, kept up to date, and what the
+    worker derives from it.
 
     ``token_ids`` are all known tokens (prompt and sampled); the worker appends the
     tokens it samples itself, so the scheduler only sends counters and new blocks (the
     list is never replaced: logits processors hold it, see ``AddedRequest.token_ids``).
+    ``generator``: the request's own random stream (a ``seed`` was set).
     ``has_sampling_extras``: the request uses min-p, a penalty or logprobs, so a step
     whose rows all lack it skips building their inputs with one check.
     ``num_tokens_at_cache_start``: the tokens known when the request's cache was last
@@ -29,21 +32,45 @@ class CachedRequestState:
     ids and its row there; the next step's input reads it from the device.
     """
 
-    request_id: str
-    token_ids: list[int]
-    sampling_params: SamplingParams
-    block_ids: list[int]
-    num_computed_tokens: int
-    num_prompt_tokens: int
     generator: torch.Generator | None = None
     has_sampling_extras: bool = False
     num_tokens_at_cache_start: int = 0
     reads_own_tokens: bool = False
     pending_token: tuple[torch.Tensor, int] | None = None
 
+    @classmethod
+    def from_new(cls, new: NewRequestData, device: torch.device) -> CachedRequestState:
+        """The worker's state of a request it sees for the first time (its own lists)."""
+        fields = msgspec.structs.asdict(new)
+        fields.update(token_ids=list(new.token_ids), block_ids=list(new.block_ids))
+        params = new.sampling_params
+        return cls(
+            **fields,
+            generator=_make_generator(params.seed, device),
+            has_sampling_extras=bool(
+                params.min_p > 0 or params.has_penalties or params.logprobs is not None
+            ),
+            reads_own_tokens=bool(
+                params.has_penalties
+                or params.min_tokens
+                or params.bad_words_token_ids
+                or params.bad_words
+                or params.structured_outputs is not None
+                or params.extra_args
+            ),
+        )
+
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
+
+
+def _make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
+    if seed is None:
+        return None
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    return generator
 
 
 @dataclass

@@ -8,7 +8,7 @@ from concurrent.futures import Future
 import torch
 
 from vlite.core.logits_processor import AddedRequest
-from vlite.core.outputs import GrammarBitmask, ModelRunnerOutput, NewRequestData, SchedulerOutput
+from vlite.core.outputs import GrammarBitmask, ModelRunnerOutput, SchedulerOutput
 from vlite.core.sampler import Sampler
 from vlite.distributed.pipeline import SINGLE_STAGE, PipelineParallelGroup
 from vlite.worker.cpu_memory import lazily_zeroed
@@ -109,7 +109,7 @@ class ModelRunner:
             self.requests.pop(request_id, None)
             self.logits_processors.remove_request(request_id)
         for new in scheduler_output.new_requests:
-            state = self.requests[new.request_id] = self._new_request_state(new)
+            state = self.requests[new.request_id] = CachedRequestState.from_new(new, self.device)
             self.logits_processors.add_request(
                 AddedRequest(
                     new.request_id,
@@ -127,29 +127,6 @@ class ModelRunner:
                 state.block_ids += cached.new_block_ids
             state.num_computed_tokens = cached.num_computed_tokens
             _learn_tokens(state, cached.num_computed_tokens, cached.new_token_ids)
-
-    def _new_request_state(self, new: NewRequestData) -> CachedRequestState:
-        params = new.sampling_params
-        return CachedRequestState(
-            request_id=new.request_id,
-            token_ids=list(new.token_ids),
-            sampling_params=params,
-            block_ids=list(new.block_ids),
-            num_computed_tokens=new.num_computed_tokens,
-            num_prompt_tokens=new.num_prompt_tokens,
-            generator=_make_generator(params.seed, self.device),
-            has_sampling_extras=bool(
-                params.min_p > 0 or params.has_penalties or params.logprobs is not None
-            ),
-            reads_own_tokens=bool(
-                params.has_penalties
-                or params.min_tokens
-                or params.bad_words_token_ids
-                or params.bad_words
-                or params.structured_outputs is not None
-                or params.extra_args
-            ),
-        )
 
     # ---- the step ------------------------------------------------------------------
 
@@ -243,11 +220,3 @@ def _learn_tokens(state: CachedRequestState, start: int, token_ids: list[int]) -
     did not sample them, an earlier pipeline stage, learns them; others rewrite the same)."""
     if token_ids:
         state.token_ids[start : start + len(token_ids)] = token_ids
-
-
-def _make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
-    if seed is None:
-        return None
-    generator = torch.Generator(device=device)
-    generator.manual_seed(seed)
-    return generator
