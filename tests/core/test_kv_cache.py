@@ -483,7 +483,8 @@ def test_the_most_blocks_a_windowed_request_holds():
 
 
 def test_a_backend_without_windows_is_refused_for_a_windowed_model():
-    from vlite.core.engine_core import _check_layer_features, kv_cache_window
+    from vlite.core.engine_core import kv_cache_window
+    from vlite.core.verify import check_layer_features
 
     class NoWindows:
         supports_sliding_window = False
@@ -493,11 +494,11 @@ def test_a_backend_without_windows_is_refused_for_a_windowed_model():
 
     windows = (None, 8, 8, None, 8)
     with pytest.raises(ValueError, match=r"'plain' cannot .* layers 1-2, 4 .* 8 tokens"):
-        _check_layer_features(windows, None, NoWindows, "plain")
+        check_layer_features(windows, None, NoWindows, "plain")
     with pytest.raises(ValueError, match=r"caps attention scores at 50.0"):
-        _check_layer_features((None,), 50.0, Windows, "windowed")
-    _check_layer_features(windows, None, Windows, "windowed")
-    _check_layer_features((None, None), None, NoWindows, "plain")  # nothing windowed
+        check_layer_features((None,), 50.0, Windows, "windowed")
+    check_layer_features(windows, None, Windows, "windowed")
+    check_layer_features((None, None), None, NoWindows, "plain")  # nothing windowed
     assert kv_cache_window(windows) is None  # a full layer needs every block
     assert kv_cache_window((8, 16, 8)) == 16
     assert kv_cache_window(()) is None

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import warnings
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
 
 from vlite.core.config import VliteConfig
-from vlite.core.errors import ConfigError, InvalidRequestError
+from vlite.core.errors import InvalidRequestError
 from vlite.core.executor import Executor
 from vlite.core.kv_cache import KVCacheManager
 from vlite.core.memory import MemoryPlan
@@ -17,7 +16,7 @@ from vlite.core.outputs import EngineCoreOutputs, ModelRunnerOutput, SchedulerOu
 from vlite.core.plugins import PluginRegistry, build_plugin_manager
 from vlite.core.request import EngineCoreRequest, Request, RequestStatus
 from vlite.core.sampler import unsupported_sampling_options
-from vlite.core.scheduler import Scheduler, SchedulerLimits, build_scheduler, resolve_limits
+from vlite.core.scheduler import Scheduler, build_scheduler
 from vlite.core.stats import (
     BatchEntry,
     CoreOccupancy,
@@ -27,87 +26,10 @@ from vlite.core.stats import (
     StepTotals,
 )
 from vlite.core.structured_output_manager import StructuredOutputManager
-from vlite.core.weight_format import registered_weight_formats
+from vlite.core.verify import verify_config
 
 #: How long a step with nothing to run but requests whose grammar compiles waits for one.
 GRAMMAR_WAIT_S = 0.01
-
-
-def _check_prefix_caching(
-    config: VliteConfig,
-    limits: SchedulerLimits,
-    scheduler_cls: type,
-    attention_cls: type,
-    attention_name: str,
-) -> None:
-    """Refuse a configuration that needs a capability its plugins say they lack.
-
-    Prefix caching (on by default) and chunked prefill both hand the attention backend
-    sequences that bring several new tokens after cached context; a plugin with
-    ``supports_prefix_caching = False`` cannot take them.
-    """
-    plugins = (
-        ("scheduler", config.scheduler, scheduler_cls),
-        ("attention backend", attention_name, attention_cls),
-    )
-    for kind, name, cls in plugins:
-        if config.enable_prefix_caching and not getattr(cls, "supports_prefix_caching", True):
-            raise ConfigError(
-                f"{kind} {name!r} does not support prefix caching (supports_prefix_caching = "
-                "False); turn it off with enable_prefix_caching=False (--no-prefix-caching)"
-            )
-    if limits.enable_chunked_prefill and not getattr(
-        attention_cls, "supports_prefix_caching", True
-    ):
-        raise ConfigError(
-            "chunked prefill splits prompts into chunks, which attention backend "
-            f"{attention_name!r} cannot attend over (supports_prefix_caching = False); "
-            "turn it off with enable_chunked_prefill=False (--no-enable-chunked-prefill)"
-        )
-
-
-def _without_conflicting_prefix_caching(
-    config: VliteConfig, model_spec: ModelDescription
-) -> VliteConfig:
-    """``config``, with prefix caching off when the model's cached blocks cannot be shared.
-
-    Refused when the caller set ``enable_prefix_caching=True`` explicitly; the default is
-    turned off with a warning naming why.
-    """
-    conflict = model_spec.prefix_caching_conflict
-    if conflict is None or not config.enable_prefix_caching:
-        return config
-    if "enable_prefix_caching" in config.model_fields_set:
-        raise ConfigError(
-            f"enable_prefix_caching=True cannot be exact for this model: {conflict}; turn it "
-            "off (--no-prefix-caching)"
-        )
-    warnings.warn(f"prefix caching is off for this model: {conflict}", stacklevel=3)
-    return config.model_copy(update={"enable_prefix_caching": False})
-
-
-def _check_layer_features(
-    windows: tuple[int | None, ...],
-    soft_cap: float | None,
-    attention_cls: type,
-    attention_name: str,
-) -> None:
-    """Refuse a windowed or soft-capped model for an attention backend without it."""
-    windowed = [index for index, window in enumerate(windows) if window is not None]
-    needs = []
-    if windowed and not getattr(attention_cls, "supports_sliding_window", False):
-        needs.append(
-            f"its layers {_ranges(windowed)} attend over a sliding window of "
-            f"{windows[windowed[0]]} tokens (supports_sliding_window = False)"
-        )
-    if soft_cap is not None and not getattr(attention_cls, "supports_logits_soft_cap", False):
-        needs.append(f"it caps attention scores at {soft_cap} (supports_logits_soft_cap = False)")
-    if needs:
-        raise ConfigError(
-            f"attention backend {attention_name!r} cannot run this model: "
-            + "; ".join(needs)
-            + "; use --attn auto, torch, cpu, triton or flash"
-        )
 
 
 def kv_cache_window(windows: tuple[int | None, ...]) -> int | None:
@@ -116,17 +38,6 @@ def kv_cache_window(windows: tuple[int | None, ...]) -> int | None:
     if not windows or any(window is None for window in windows):
         return None
     return max(windows)
-
-
-def _ranges(indices: list[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
-    runs: list[list[int]] = []
-    for index in indices:
-        if runs and index == runs[-1][1] + 1:
-            runs[-1][1] = index
-        else:
-            runs.append([index, index])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 @dataclass
@@ -148,17 +59,6 @@ def batch_queue_depth(config: VliteConfig, executor: Executor) -> int:
     return depth
 
 
-def _check_architecture(registry: PluginRegistry, architecture: str) -> None:
-    """Refuse, before any worker loads weights, a model no plugin implements."""
-    supported = registry.names("model")
-    if architecture not in supported:
-        raise ConfigError(
-            f"model architecture {architecture!r} (config.json 'architectures') is not "
-            f"supported; supported: {', '.join(supported)}. A plugin can add it with the "
-            "register_models hook (see docs/models.md)"
-        )
-
-
 class EngineCore:
     """Schedules, executes and samples, one step at a time.
 
@@ -175,53 +75,26 @@ class EngineCore:
         model_spec: ModelDescription,
         registry: PluginRegistry | None = None,
     ) -> None:
-        config = _without_conflicting_prefix_caching(config, model_spec)
-        self.config = config
         self.registry = registry or PluginRegistry(build_plugin_manager())
-        scheduler_cls = self.registry.get("scheduler", config.scheduler)
-        executor_cls = self.registry.get("executor", config.executor)
-        self.sampler_cls = self.registry.get("sampler", config.sampler)
-        self.registry.get("attention_backend", config.attention_backend)  # a known name
         self.model_spec = model_spec
-        _check_architecture(self.registry, model_spec.architecture)
-        max_model_len = self.model_spec.max_model_len
-        limits = resolve_limits(
-            scheduler_cls,
-            SchedulerLimits(
-                max_num_seqs=config.max_num_seqs,
-                max_num_batched_tokens=config.resolved_max_num_batched_tokens(max_model_len),
-                max_model_len=max_model_len,
-                enable_chunked_prefill=config.enable_chunked_prefill,
-                long_prefill_token_threshold=config.long_prefill_token_threshold,
-                recompute_past_length=model_spec.recompute_past_length,
-            ),
-        )
+        #: What the configuration phase resolved (every refusal is raised there, before
+        #: the executor exists).
+        self.verified = verified = verify_config(config, model_spec, self.registry)
+        #: The configuration in use: ``attention_backend`` resolved, prefix caching off
+        #: where the model conflicts with it.
+        self.config = config = verified.config
+        self.sampler_cls = verified.plugins["sampler"]
         #: Which weights stay quantized (``config.quantization`` for this model and device).
-        formats = registered_weight_formats(self.registry, config)
-        self.quantization = self.model_spec.quantization_plan(
-            config.quantization, config.torch_device, formats
-        )
-        self.executor: Executor = executor_cls(config, self.registry)
+        self.quantization = verified.quantization
+        #: The attention backend in use (what ``auto`` resolved to).
+        self.attention_backend_name = verified.attention_backend
+        self.executor: Executor = verified.plugins["executor"](config, self.registry)
         try:
-            #: The attention backend in use, as the executor's workers resolved it.
-            self.attention_backend_name = (
-                self.executor.attention_backend_name or config.attention_backend
-            )
-            attention_cls = self.registry.get("attention_backend", self.attention_backend_name)
-            _check_prefix_caching(
-                config, limits, scheduler_cls, attention_cls, self.attention_backend_name
-            )
-            windows = tuple(model_spec.sliding_windows)
-            _check_layer_features(
-                windows,
-                model_spec.attention_logit_soft_cap,
-                attention_cls,
-                self.attention_backend_name,
-            )
             num_blocks = self.executor.initialize_kv_cache()
         except BaseException:
             self.executor.shutdown()
             raise
+        windows = tuple(model_spec.sliding_windows)
         self.kv_cache_manager = KVCacheManager(
             num_blocks, config.block_size, config.enable_prefix_caching, kv_cache_window(windows)
         )
@@ -233,7 +106,9 @@ class EngineCore:
             if worker_memory
             else None
         )
-        self.scheduler: Scheduler = build_scheduler(scheduler_cls, limits, self.kv_cache_manager)
+        self.scheduler: Scheduler = build_scheduler(
+            verified.plugins["scheduler"], verified.limits, self.kv_cache_manager
+        )
         self._step_observers: list[StepObserver] = []
         #: Sums over every step run so far (what ``/metrics`` counts).
         self.step_totals = StepTotals()
@@ -252,7 +127,6 @@ class EngineCore:
         self, config: VliteConfig, model_spec: ModelDescription
     ) -> StructuredOutputManager:
         kind = "structured_output_backend"
-        self.registry.get(kind, config.structured_outputs_backend)  # a known name
         backends = {name: self.registry.get(kind, name) for name in self.registry.names(kind)}
         return StructuredOutputManager(
             backends,

@@ -30,10 +30,11 @@ class Executor(ABC):
     def __init__(self, config: VliteConfig, registry: PluginRegistry) -> None:
         self.config = config
         self.registry = registry
-        #: The registered name of the attention backend the workers built (what
-        #: ``config.attention_backend``, e.g. ``"auto"``, resolved to there). Set by the
-        #: constructor once the workers have loaded the model; the engine reports it and
-        #: checks its capabilities. ``None``: not reported (the engine uses the config's).
+        #: The registered name of the attention backend the workers built. Set by the
+        #: constructor once the workers have loaded the model. The engine resolves
+        #: ``"auto"`` before it builds the executor (:mod:`vlite.core.verify`), so the
+        #: ``config`` an executor gets already names the backend, and the engine reports
+        #: and checks that one. ``None``: not reported.
         self.attention_backend_name: str | None = None
         #: What each worker holds (its weights, one KV-cache block), set by the constructor
         #: once the workers have loaded the model; the engine core adds them up into its

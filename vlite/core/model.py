@@ -24,6 +24,12 @@ class ModelDescription(Protocol):
         ...
 
     @property
+    def hf_config(self) -> Any:
+        """The Hugging Face config the model class is built from (its layer and head counts
+        say how the model splits over pipeline stages and tensor-parallel ranks)."""
+        ...
+
+    @property
     def max_model_len(self) -> int:
         """The context length requests must fit in."""
         ...
@@ -91,9 +97,10 @@ class CausalLM(Protocol):
     (:class:`~vlite.distributed.parallel_state.TensorParallelGroup`) keyword, which is
     passed only when the world size is above 1, and may define a classmethod
     ``check_tensor_parallel_size(hf_config, tensor_parallel_size)`` that raises
-    ``ValueError`` for a size the config cannot be split into (it runs before any worker
-    process starts). Its :meth:`compute_logits` must return the full vocabulary on every
-    rank, and :meth:`load_weights` receives full-sized tensors and keeps the rank's slice.
+    ``ValueError`` for a size the config cannot be split into (the engine's configuration
+    phase, :mod:`vlite.core.verify`, calls it before the executor is built). Its
+    :meth:`compute_logits` must return the full vocabulary on every rank, and
+    :meth:`load_weights` receives full-sized tensors and keeps the rank's slice.
     """
 
     attention: AttentionBackend

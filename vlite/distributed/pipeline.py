@@ -7,7 +7,8 @@ last). After a stage's last layer every one of its ranks holds the same hidden s
 all-reduces make them identical), so tensor-parallel rank ``i`` of stage ``s`` sends them
 point to point to rank ``i`` of stage ``s + 1``.
 
-Layers are split by :func:`stage_layer_ranges`: equal runs, the first ``num_layers % pp``
+Layers are split by :func:`~vlite.core.model_split.stage_layer_ranges` (in the core, which
+checks the split before any worker starts): equal runs, the first ``num_layers % pp``
 stages taking one more (the last stage also runs the LM head and the sampler), or an
 explicit partition (``pp_layer_partition``, e.g. ``5,5,4``).
 """
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from vlite.core.errors import ConfigError
+from vlite.core.model_split import stage_layer_ranges
 from vlite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 
 
@@ -73,35 +74,6 @@ class PipelineParallelGroup:
 
 #: The pipeline of a model that is not split into stages.
 SINGLE_STAGE = PipelineParallelGroup()
-
-
-def stage_layer_ranges(
-    num_layers: int, num_stages: int, partition: tuple[int, ...] | None = None
-) -> list[tuple[int, int]]:
-    """``[(start, end), ...]``: the layers of each stage, contiguous, in order.
-
-    Raises:
-        ValueError: more stages than layers, or a ``partition`` that does not give every
-            stage at least one layer and all ``num_layers`` layers in all.
-    """
-    if partition is None:
-        if num_stages > num_layers:
-            raise ConfigError(
-                f"pipeline_parallel_size={num_stages} exceeds the model's {num_layers} layers "
-                "(every stage needs at least one)"
-            )
-        base, extra = divmod(num_layers, num_stages)
-        partition = tuple(base + (stage < extra) for stage in range(num_stages))
-    if len(partition) != num_stages or min(partition) < 1 or sum(partition) != num_layers:
-        raise ConfigError(
-            f"pp_layer_partition={','.join(map(str, partition))} must give each of the "
-            f"{num_stages} stages at least one layer and {num_layers} layers in all"
-        )
-    ranges, start = [], 0
-    for size in partition:
-        ranges.append((start, start + size))
-        start += size
-    return ranges
 
 
 def split_global_rank(rank: int, tensor_parallel_size: int) -> tuple[int, int]:

@@ -8,7 +8,7 @@ from concurrent.futures import Future
 
 import torch
 
-from vlite.core.attention_selection import limits_violation, resolve_attention_backend
+from vlite.core.attention_selection import resolve_attention_backend
 from vlite.core.config import VliteConfig
 from vlite.core.errors import ConfigError
 from vlite.core.memory import WorkerMemory
@@ -88,23 +88,19 @@ class Worker:
     def load_model(self) -> None:
         spec = self.model_spec
         model_cls = self.registry.get("model", spec.architecture)
-        head_dim = spec.head_dim
-        # "auto" becomes the backend it picks for this device and dtype.
+        # The engine's configuration phase (vlite.core.verify) resolved "auto" and checked
+        # the backend's limits; this finds the class and asks it whether it runs on this
+        # worker's own device (a Ray rank's node may lack a package the engine's has).
+        # "auto" is resolved here only for a Worker built outside an engine.
         self.attention_backend_name, attn_backend_cls = resolve_attention_backend(
             self.config.attention_backend,
             self.device,
             self.dtype,
             self.registry,
-            head_dim=head_dim,
+            head_dim=spec.head_dim,
             block_size=self.config.block_size,
         )
-        _check_backend_supports(
-            attn_backend_cls,
-            self.attention_backend_name,
-            self.dtype,
-            head_dim,
-            self.config.block_size,
-        )
+        # The plan the engine checked, made again for the formats this worker loads with.
         self.quantization = spec.quantization_plan(
             self.config.quantization,
             self.device,
@@ -313,14 +309,6 @@ def _can_read_cpu_times() -> bool:
     except (OSError, ValueError, IndexError):
         return False  # not Linux: keep the fixed count
     return True
-
-
-def _check_backend_supports(
-    backend_cls, name: str, dtype: torch.dtype, head_dim: int, block_size: int
-) -> None:
-    violation = limits_violation(backend_cls, dtype, head_dim, block_size)
-    if violation is not None:
-        raise ConfigError(f"attention backend {name!r} does not support {violation}")
 
 
 def model_weights_bytes(model: torch.nn.Module) -> int:

@@ -26,11 +26,9 @@ from collections import deque
 from concurrent.futures import Future
 
 from vlite.core.config import VliteConfig
-from vlite.core.errors import ConfigError
 from vlite.core.hookspecs import hookimpl
 from vlite.core.outputs import ModelRunnerOutput, SchedulerOutput
 from vlite.core.plugins import PluginRegistry
-from vlite.models.spec import ModelSpec
 from vlite.plugins.executors.remote_workers import RemoteWorkersExecutor
 from vlite.plugins.executors.worker_pool import WorkerProcessPool
 from vlite.worker.protocol import ExecuteStep
@@ -48,7 +46,6 @@ class MultiprocExecutor(RemoteWorkersExecutor):
 
     def __init__(self, config: VliteConfig, registry: PluginRegistry) -> None:
         super().__init__(config, registry)
-        check_model_splits(config, registry)
         self.pool = WorkerProcessPool(config, registry)
         self._awaiting: deque[_ReplyFuture] = deque()
         self.adopt_ranks(self.pool, self.pool.wait_until_loaded)
@@ -88,42 +85,6 @@ class _ReplyFuture(Future):
         while not self.done():
             self._pull()
         return super().result(timeout)
-
-
-def check_model_splits(config: VliteConfig, registry: PluginRegistry) -> None:
-    """Fail fast, before any process starts, when the model cannot be split ``tp`` ways
-    or into ``pp`` stages."""
-    tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
-    if tp == 1 and pp == 1:
-        return
-    spec = ModelSpec.from_config(config)
-    model_cls = registry.get("model", spec.architecture)
-    if pp > 1:
-        check_pipeline_split(config, spec, model_cls)
-    if tp == 1:
-        return
-    if not getattr(model_cls, "supports_tensor_parallel", False):
-        raise ConfigError(
-            f"model class {model_cls.__qualname__} ({spec.architecture}) does not support "
-            f"tensor parallelism; tensor_parallel_size={tp} needs one that does"
-        )
-    check = getattr(model_cls, "check_tensor_parallel_size", None)
-    if check is not None:
-        check(spec.hf_config, tp)
-
-
-def check_pipeline_split(config: VliteConfig, spec: ModelSpec, model_cls: type) -> None:
-    """Refuse a model class without pipeline support, and a split that leaves a stage no
-    layer (or a ``pp_layer_partition`` that does not add up)."""
-    from vlite.distributed.pipeline import stage_layer_ranges
-
-    pp = config.pipeline_parallel_size
-    if not getattr(model_cls, "supports_pipeline_parallel", False):
-        raise ConfigError(
-            f"model class {model_cls.__qualname__} ({spec.architecture}) does not support "
-            f"pipeline parallelism; pipeline_parallel_size={pp} needs one that does"
-        )
-    stage_layer_ranges(spec.hf_config.num_hidden_layers, pp, config.pp_layer_partition)
 
 
 @hookimpl

@@ -142,13 +142,16 @@ class ExecutorConformance(PluginConformance):
         self, plugin_registry, conformance_plugin_name, executor_model
     ) -> None:
         llm = self.make_llm(executor_model, plugin_registry, conformance_plugin_name)
+        core = llm.llm_engine.engine_core
         try:
-            name = llm.llm_engine.engine_core.executor.attention_backend_name
+            name = core.executor.attention_backend_name
         finally:
             self.shutdown(llm)
-        assert name in plugin_registry.names("attention_backend") and name != "auto", (
+        # The engine resolves "auto" before it builds the executor and hands it the name.
+        assert name == core.attention_backend_name, (
             f"executor {conformance_plugin_name!r} reported attention_backend_name={name!r}; "
-            "it must set the registered name its workers resolved 'auto' to"
+            "it must set the registered name of the backend its workers built, the one its "
+            f"config names ({core.attention_backend_name!r})"
         )
 
     # ---- tokens ------------------------------------------------------------------------

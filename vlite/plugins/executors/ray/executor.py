@@ -21,7 +21,6 @@ import msgspec
 from vlite.core.config import VliteConfig
 from vlite.core.outputs import ModelRunnerOutput, SchedulerOutput
 from vlite.core.plugins import PluginRegistry
-from vlite.plugins.executors.multiproc import check_model_splits
 from vlite.plugins.executors.ray.pending_step import PendingStep
 from vlite.plugins.executors.ray.placement import parse_bundle_resources
 from vlite.plugins.executors.ray.rank_group import RayRankGroup
@@ -43,15 +42,15 @@ class RayExecutor(RemoteWorkersExecutor):
 
     Raises:
         RayNotInstalledError: Ray cannot be imported (``pip install "vlite[ray]"``).
-        ConfigError: a tensor-parallel size or pipeline split the model cannot take, or a
-            malformed ``ray_bundle_resources`` entry.
+        ConfigError: a malformed ``ray_bundle_resources`` entry. (A tensor-parallel size
+            or pipeline split the model cannot take is refused earlier, by the engine's
+            configuration phase, :mod:`vlite.core.verify`.)
         RayPlacementError: the cluster cannot hold one bundle per rank.
     """
 
     def __init__(self, config: VliteConfig, registry: PluginRegistry) -> None:
         super().__init__(config, registry)
         import_ray()
-        check_model_splits(config, registry)
         bundle_resources = parse_bundle_resources(config.ray_bundle_resources)
         self.group = RayRankGroup(config, registry, bundle_resources)
         self._output_decoder = msgspec.msgpack.Decoder(ModelRunnerOutput)

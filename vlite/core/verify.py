@@ -1,0 +1,245 @@
+"""The configuration phase: every refusal of a configuration, before the executor is built.
+
+:func:`verify_config` runs first in ``EngineCore.__init__``, before the executor (and so any
+worker, process or Ray actor) exists. It checks, in order:
+
+- the plugin names (scheduler, executor, sampler, attention backend, structured-output
+  backend) are registered, and the model's architecture is;
+- prefix caching against the model (LongRoPE: turned off by default, refused when set);
+- the model split: ``tensor_parallel_size``, ``pipeline_parallel_size`` and
+  ``pp_layer_partition`` against the model class and its layers and heads
+  (:mod:`vlite.core.model_split`);
+- the attention backend: ``auto`` resolved for ``config.torch_device`` and the dtype, the
+  backend available there and within its dtype, head-dim and block-size limits
+  (:mod:`vlite.core.attention_selection`);
+- the plugins' capabilities: prefix caching and chunked prefill (scheduler and backend),
+  sliding windows and an attention soft cap (backend);
+- the quantization plan (``config.quantization`` for this model and device).
+
+Each refusal is a :class:`~vlite.core.errors.ConfigError` naming the setting, its value and
+what is allowed. What it resolved comes back as a :class:`VerifiedConfig`, which the later
+stages use instead of deciding again: the executor gets ``VerifiedConfig.config``, whose
+``attention_backend`` already names the registered backend ``auto`` chose.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+from vlite.core.attention_selection import limits_violation, resolve_attention_backend
+from vlite.core.config import VliteConfig
+from vlite.core.errors import ConfigError
+from vlite.core.model import ModelDescription
+from vlite.core.model_split import check_model_split
+from vlite.core.plugins import PluginRegistry
+from vlite.core.scheduler import SchedulerLimits, resolve_limits
+from vlite.core.weight_format import registered_weight_formats
+
+#: The configuration's plugin settings: (registry kind, ``VliteConfig`` field).
+PLUGIN_SETTINGS = (
+    ("scheduler", "scheduler"),
+    ("executor", "executor"),
+    ("sampler", "sampler"),
+    ("attention_backend", "attention_backend"),
+    ("structured_output_backend", "structured_outputs_backend"),
+)
+
+
+@dataclass(frozen=True)
+class VerifiedConfig:
+    """A configuration that passed every check, with what the checks resolved.
+
+    Attributes:
+        config: the configuration to build with: ``attention_backend`` is the registered
+            backend ``auto`` resolved to, and ``enable_prefix_caching`` is off where the
+            model's cached blocks cannot be shared.
+        plugins: registry kind -> the class the configuration names (every kind of
+            :data:`PLUGIN_SETTINGS`, the attention backend the resolved one).
+        limits: the scheduler's limits, ``enable_chunked_prefill`` resolved to a bool.
+        quantization: which weights stay quantized, in which weight format (the model's
+            ``quantization_plan``).
+    """
+
+    config: VliteConfig
+    plugins: dict[str, type]
+    limits: SchedulerLimits
+    quantization: Any
+
+    @property
+    def attention_backend(self) -> str:
+        """The registered name of the attention backend in use (never ``auto``)."""
+        return self.config.attention_backend
+
+
+def verify_config(
+    config: VliteConfig, model_spec: ModelDescription, registry: PluginRegistry
+) -> VerifiedConfig:
+    """Check ``config`` for ``model_spec`` with ``registry``'s plugins (module docstring).
+
+    Raises:
+        ConfigError: the first check that fails; nothing has been started.
+    """
+    plugins = {kind: registry.get(kind, getattr(config, field)) for kind, field in PLUGIN_SETTINGS}
+    check_architecture(registry, model_spec.architecture)
+    config = without_conflicting_prefix_caching(config, model_spec)
+    model_cls = registry.get("model", model_spec.architecture)
+    check_model_split(config, model_cls, model_spec.hf_config, model_spec.architecture)
+    limits = scheduler_limits(config, plugins["scheduler"], model_spec)
+    name, attention_cls = resolve_attention(config, model_spec, registry)
+    plugins["attention_backend"] = attention_cls
+    check_prefix_caching(config, limits, plugins["scheduler"], attention_cls, name)
+    check_layer_features(
+        tuple(model_spec.sliding_windows),
+        model_spec.attention_logit_soft_cap,
+        attention_cls,
+        name,
+    )
+    formats = registered_weight_formats(registry, config)
+    quantization = model_spec.quantization_plan(config.quantization, config.torch_device, formats)
+    resolved = config.model_copy(update={"attention_backend": name})
+    return VerifiedConfig(resolved, plugins, limits, quantization)
+
+
+def check_architecture(registry: PluginRegistry, architecture: str) -> None:
+    """Refuse a model no plugin implements."""
+    supported = registry.names("model")
+    if architecture not in supported:
+        raise ConfigError(
+            f"model architecture {architecture!r} (config.json 'architectures') is not "
+            f"supported; supported: {', '.join(supported)}. A plugin can add it with the "
+            "register_models hook (see docs/models.md)"
+        )
+
+
+def without_conflicting_prefix_caching(
+    config: VliteConfig, model_spec: ModelDescription
+) -> VliteConfig:
+    """``config``, with prefix caching off when the model's cached blocks cannot be shared.
+
+    Refused when the caller set ``enable_prefix_caching=True`` explicitly; the default is
+    turned off with a warning naming why.
+    """
+    conflict = model_spec.prefix_caching_conflict
+    if conflict is None or not config.enable_prefix_caching:
+        return config
+    if "enable_prefix_caching" in config.model_fields_set:
+        raise ConfigError(
+            f"enable_prefix_caching=True cannot be exact for this model: {conflict}; turn it "
+            "off (--no-prefix-caching)"
+        )
+    # stacklevel: past this function, verify_config and EngineCore.__init__ to its caller.
+    warnings.warn(f"prefix caching is off for this model: {conflict}", stacklevel=4)
+    return config.model_copy(update={"enable_prefix_caching": False})
+
+
+def scheduler_limits(
+    config: VliteConfig, scheduler_cls: type, model_spec: ModelDescription
+) -> SchedulerLimits:
+    """The scheduler's per-step limits, with chunked prefill as the scheduler defaults it."""
+    max_model_len = model_spec.max_model_len
+    return resolve_limits(
+        scheduler_cls,
+        SchedulerLimits(
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.resolved_max_num_batched_tokens(max_model_len),
+            max_model_len=max_model_len,
+            enable_chunked_prefill=config.enable_chunked_prefill,
+            long_prefill_token_threshold=config.long_prefill_token_threshold,
+            recompute_past_length=model_spec.recompute_past_length,
+        ),
+    )
+
+
+def resolve_attention(
+    config: VliteConfig, model_spec: ModelDescription, registry: PluginRegistry
+) -> tuple[str, type]:
+    """``(name, class)`` of the attention backend ``config.attention_backend`` selects on
+    ``config.torch_device`` in ``config.torch_dtype`` (``auto``: its choice), refused when it
+    cannot run there or outside its declared dtype, head-dim and block-size limits."""
+    dtype, head_dim, block_size = config.torch_dtype, model_spec.head_dim, config.block_size
+    name, backend_cls = resolve_attention_backend(
+        config.attention_backend,
+        config.torch_device,
+        dtype,
+        registry,
+        head_dim=head_dim,
+        block_size=block_size,
+    )
+    violation = limits_violation(backend_cls, dtype, head_dim, block_size)
+    if violation is not None:
+        raise ConfigError(
+            f"attention_backend={config.attention_backend!r}: attention backend {name!r} "
+            f"does not support {violation}; choose another (attention_backend='auto' picks "
+            "one within its limits)"
+        )
+    return name, backend_cls
+
+
+def check_prefix_caching(
+    config: VliteConfig,
+    limits: SchedulerLimits,
+    scheduler_cls: type,
+    attention_cls: type,
+    attention_name: str,
+) -> None:
+    """Refuse a configuration that needs a capability its plugins say they lack.
+
+    Prefix caching (on by default) and chunked prefill both hand the attention backend
+    sequences that bring several new tokens after cached context; a plugin with
+    ``supports_prefix_caching = False`` cannot take them.
+    """
+    plugins = (
+        ("scheduler", config.scheduler, scheduler_cls),
+        ("attention backend", attention_name, attention_cls),
+    )
+    for kind, name, cls in plugins:
+        if config.enable_prefix_caching and not getattr(cls, "supports_prefix_caching", True):
+            raise ConfigError(
+                f"{kind} {name!r} does not support prefix caching (supports_prefix_caching = "
+                "False); turn it off with enable_prefix_caching=False (--no-prefix-caching)"
+            )
+    if limits.enable_chunked_prefill and not getattr(
+        attention_cls, "supports_prefix_caching", True
+    ):
+        raise ConfigError(
+            "chunked prefill splits prompts into chunks, which attention backend "
+            f"{attention_name!r} cannot attend over (supports_prefix_caching = False); "
+            "turn it off with enable_chunked_prefill=False (--no-enable-chunked-prefill)"
+        )
+
+
+def check_layer_features(
+    windows: tuple[int | None, ...],
+    soft_cap: float | None,
+    attention_cls: type,
+    attention_name: str,
+) -> None:
+    """Refuse a windowed or soft-capped model for an attention backend without it."""
+    windowed = [index for index, window in enumerate(windows) if window is not None]
+    needs = []
+    if windowed and not getattr(attention_cls, "supports_sliding_window", False):
+        needs.append(
+            f"its layers {_ranges(windowed)} attend over a sliding window of "
+            f"{windows[windowed[0]]} tokens (supports_sliding_window = False)"
+        )
+    if soft_cap is not None and not getattr(attention_cls, "supports_logits_soft_cap", False):
+        needs.append(f"it caps attention scores at {soft_cap} (supports_logits_soft_cap = False)")
+    if needs:
+        raise ConfigError(
+            f"attention backend {attention_name!r} cannot run this model: "
+            + "; ".join(needs)
+            + "; use --attn auto, torch, cpu, triton or flash"
+        )
+
+
+def _ranges(indices: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    runs: list[list[int]] = []
+    for index in indices:
+        if runs and index == runs[-1][1] + 1:
+            runs[-1][1] = index
+        else:
+            runs.append([index, index])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
