@@ -99,11 +99,12 @@ def grammar_follower(request) -> int:
 
 
 def make_driver(next_token=grammar_follower, **settings) -> SchedulerDriver:
-    driver = SchedulerDriver.create(FcfsPolicy, next_token=next_token, **settings)
-    driver.scheduler.structured_outputs = StructuredOutputManager(
+    manager = StructuredOutputManager(
         {"sequence": SequenceBackend}, "sequence", lambda: "tokenizer", VOCAB
     )
-    return driver
+    return SchedulerDriver.create(
+        FcfsPolicy, next_token=next_token, structured_outputs=manager, **settings
+    )
 
 
 def choice(*sequences: str) -> StructuredOutputsParams:

@@ -54,7 +54,9 @@ def test_building_an_api_1_scheduler_warns_with_what_to_use_instead(tiny_model):
     from vlite.core.plugins import PluginRegistry, build_plugin_manager
 
     registry = PluginRegistry(build_plugin_manager(extra_plugins=(API_1_PLUGIN,)))
-    with pytest.warns(DeprecationWarning, match="register a .*SchedulingPolicy subclass"):
+    with pytest.warns(
+        DeprecationWarning, match="register a .*SchedulingPolicy subclass.*until 2027-06-30"
+    ):
         llm = vlite.LLM(
             model=tiny_model, registry=registry, scheduler="api-1-shortest-prompt-first"
         )

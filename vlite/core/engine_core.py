@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -106,22 +107,24 @@ class EngineCore:
             if worker_memory
             else None
         )
+        #: Batches kept in flight at most (1: the plain four-stage step).
+        self.max_batches_in_flight = batch_queue_depth(config, self.executor)
+        limits = dataclasses.replace(
+            verified.limits,
+            max_batches_in_flight=self.max_batches_in_flight,
+            # Async scheduling on one stage: the next batch goes on with the same decodes.
+            overlaps_decodes=(
+                self.max_batches_in_flight > 1 and self.executor.max_concurrent_batches == 1
+            ),
+        )
+        self.structured_outputs = self._build_structured_outputs(config, model_spec)
         self.scheduler: Scheduler = build_scheduler(
-            verified.plugins["scheduler"], verified.limits, self.kv_cache_manager
+            verified.plugins["scheduler"], limits, self.kv_cache_manager, self.structured_outputs
         )
         self._step_observers: list[StepObserver] = []
         #: Sums over every step run so far (what ``/metrics`` counts).
         self.step_totals = StepTotals()
-        #: Batches kept in flight at most (1: the plain four-stage step).
-        self.max_batches_in_flight = batch_queue_depth(config, self.executor)
-        self.scheduler.max_batches_in_flight = self.max_batches_in_flight
-        # Async scheduling on one stage: the next batch goes on with the same decodes.
-        self.scheduler.overlaps_decodes = (
-            self.max_batches_in_flight > 1 and self.executor.max_concurrent_batches == 1
-        )
         self._batch_queue: deque[_BatchInFlight] = deque()
-        self.structured_outputs = self._build_structured_outputs(config, model_spec)
-        self.scheduler.structured_outputs = self.structured_outputs
 
     def _build_structured_outputs(
         self, config: VliteConfig, model_spec: ModelDescription
@@ -254,7 +257,8 @@ class EngineCore:
         """
         if self.max_batches_in_flight > 1:
             return self.step_with_batch_queue()
-        if not self._has_schedulable_requests():
+        self.scheduler.admit_compiled_requests()
+        if not self.scheduler.has_schedulable_requests():
             return self._wait_for_grammars()  # (nothing at all: no outputs, at once)
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty and not scheduler_output.num_preempted:
@@ -280,8 +284,10 @@ class EngineCore:
         wait for the oldest batch and run ``update_from_output`` on it: batches are
         updated in the order they were scheduled.
         """
-        while len(self._batch_queue) < self.max_batches_in_flight and (
-            self._has_schedulable_requests()
+        self.scheduler.admit_compiled_requests()
+        while (
+            len(self._batch_queue) < self.max_batches_in_flight
+            and self.scheduler.has_schedulable_requests()
         ):
             scheduler_output = self.scheduler.schedule()
             news = scheduler_output.num_preempted or scheduler_output.finished_request_ids
@@ -307,7 +313,7 @@ class EngineCore:
         except BaseException:
             # The batches behind it ran on a state this one left unknown: drop them all.
             self._batch_queue.clear()
-            self.scheduler.in_flight.clear()
+            self.scheduler.forget_batches_in_flight()
             raise
         outputs = self.scheduler.update_from_output(batch.scheduler_output, runner_output)
         self.step_totals.add(batch.stats, outputs)
@@ -315,15 +321,6 @@ class EngineCore:
             for observer in self._step_observers:
                 observer(batch.record)
         return outputs
-
-    def _has_schedulable_requests(self) -> bool:
-        """Whether ``schedule()`` could pick anything, counting requests whose grammar has
-        compiled since (admitted to the waiting queue here only when nothing else is)."""
-        scheduler = self.scheduler
-        if scheduler.has_schedulable_requests():
-            return True
-        scheduler.admit_compiled_requests()
-        return scheduler.has_schedulable_requests()
 
     def _wait_for_grammars(self) -> EngineCoreOutputs:
         """Nothing can run but requests whose grammar compiles: wait a moment for one (the

@@ -22,16 +22,16 @@ class GrammarGate:
     """The structured-output side of one scheduler (see the module docstring).
 
     Attributes:
-        manager: compiles and queries grammars (set by the engine; needed once a request
-            with structured outputs arrives).
+        manager: compiles and queries grammars (needed once a request with structured
+            outputs arrives).
         compiling: requests whose grammar is compiling (``WAITING_FOR_FSM``), in arrival
             order.
         num_structured: requests held by the scheduler that have a grammar (compiling,
             waiting or running): while it is 0 no step needs a bitmask.
     """
 
-    def __init__(self) -> None:
-        self.manager: StructuredOutputManager | None = None
+    def __init__(self, manager: StructuredOutputManager | None = None) -> None:
+        self.manager = manager
         self.compiling: list[Request] = []
         self.num_structured = 0
 

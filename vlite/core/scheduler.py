@@ -44,6 +44,9 @@ from vlite.core.stats import StepStats
 from vlite.core.stop import check_stop
 from vlite.core.structured_output_manager import StructuredOutputManager
 
+#: The last date on which a vlite release serves API-1 ``Scheduler`` subclasses.
+API_1_SCHEDULERS_END = "2027-06-30"
+
 
 @dataclass(frozen=True)
 class SchedulerLimits:
@@ -64,6 +67,14 @@ class SchedulerLimits:
             :attr:`~vlite.core.model.ModelDescription.recompute_past_length`): a request
             whose cache was started at or below it is computed again from position 0 once
             it knows more, scheduled within the token budget like a prompt. ``None``: never.
+        max_batches_in_flight: batches the engine keeps in flight (1: the plain step;
+            a pipeline's stages, or async scheduling): with more, a batch takes an equal
+            share of the active requests so that a pipeline's batches are alike.
+        overlaps_decodes: whether a request whose batch in flight samples its next token
+            may be scheduled in the next batch to compute that token, before the host knows
+            it (async scheduling on one stage, whose workers run batches in order and know
+            the tokens they sampled). A request that turns out to have stopped wastes that
+            one token, which nothing reads.
     """
 
     max_num_seqs: int
@@ -72,25 +83,35 @@ class SchedulerLimits:
     enable_chunked_prefill: bool | None = False
     long_prefill_token_threshold: int = 0
     recompute_past_length: int | None = None
+    max_batches_in_flight: int = 1
+    overlaps_decodes: bool = False
 
 
 def build_scheduler(
-    scheduler_cls: type, limits: SchedulerLimits, kv_cache_manager: KVCacheManager
+    scheduler_cls: type,
+    limits: SchedulerLimits,
+    kv_cache_manager: KVCacheManager,
+    structured_outputs: StructuredOutputManager | None = None,
 ) -> Scheduler:
     """The scheduler for a registered class: the mechanism asking a policy (plugin API 2),
     or an API-1 :class:`Scheduler` subclass (deprecated). ``limits`` as
-    :func:`resolve_limits` leaves them."""
+    :func:`resolve_limits` leaves them; ``structured_outputs`` compiles the grammars of
+    requests that have one."""
     limits = resolve_limits(scheduler_cls, limits)
     if issubclass(scheduler_cls, Scheduler):
         warnings.warn(
             f"scheduler {_qualified_name(scheduler_cls)} subclasses "
             "vlite.core.scheduler.Scheduler (plugin API 1); register a "
-            "vlite.core.scheduling_policy.SchedulingPolicy subclass instead (plugin API 2)",
+            "vlite.core.scheduling_policy.SchedulingPolicy subclass instead (plugin API 2); "
+            f"plugin API 1 is served until {API_1_SCHEDULERS_END}, and not after",
             DeprecationWarning,
             stacklevel=2,
         )
-        return scheduler_cls(limits, kv_cache_manager)
-    return Scheduler(limits, kv_cache_manager, scheduler_cls())
+        # An API-1 subclass's constructor takes (limits, kv_cache_manager) only.
+        scheduler = scheduler_cls(limits, kv_cache_manager)
+        scheduler.grammars.manager = structured_outputs
+        return scheduler
+    return Scheduler(limits, kv_cache_manager, scheduler_cls(), structured_outputs)
 
 
 def resolve_limits(scheduler_cls: type, limits: SchedulerLimits) -> SchedulerLimits:
@@ -125,6 +146,8 @@ class Scheduler:
         kv_cache_manager: the block manager of the engine's KV cache.
         policy: the plugin's :class:`~vlite.core.scheduling_policy.SchedulingPolicy`;
             ``None`` only for an API-1 subclass, which answers through its own overrides.
+        structured_outputs: compiles the grammars of requests that have one (``None``:
+            such a request fails when it is scheduled).
     """
 
     #: API 1 only: whether the subclass chunks prompts when the config does not say.
@@ -138,6 +161,7 @@ class Scheduler:
         limits: SchedulerLimits,
         kv_cache_manager: KVCacheManager,
         policy: SchedulingPolicy | None = None,
+        structured_outputs: StructuredOutputManager | None = None,
     ) -> None:
         self.limits = resolve_limits(type(self), limits)
         self.kv_cache_manager = kv_cache_manager
@@ -152,22 +176,29 @@ class Scheduler:
         #: request is not preempted until its batches come back, nor scheduled again,
         #: except as a decode overlap (:attr:`overlaps_decodes`).
         self.in_flight: dict[str, int] = {}
-        #: Batches the engine keeps in flight (set by the engine; 1: the plain step).
-        self.max_batches_in_flight = 1
-        #: Whether a request whose batch in flight samples its next token may be scheduled
-        #: in the next batch to compute that token, before the host knows it (set by the
-        #: engine for async scheduling on one stage, whose workers run batches in order and
-        #: know the tokens they sampled). A request that turns out to have stopped wastes
-        #: that one token, which nothing reads.
-        self.overlaps_decodes = False
         #: Holds structured-output requests until their grammar compiles; their masks.
-        self.grammars = GrammarGate()
+        self.grammars = GrammarGate(structured_outputs)
         self._failures: list[RequestFailure] = []
         self._arrival_counter = itertools.count()
         self._finished_since_last_step: list[str] = []
         self.num_preemptions = 0
         self.num_steps = 0
         self.last_step_stats: StepStats | None = None
+
+    @property
+    def max_batches_in_flight(self) -> int:
+        """Batches the engine keeps in flight (:attr:`SchedulerLimits.max_batches_in_flight`)."""
+        return self.limits.max_batches_in_flight
+
+    @property
+    def overlaps_decodes(self) -> bool:
+        """:attr:`SchedulerLimits.overlaps_decodes`."""
+        return self.limits.overlaps_decodes
+
+    def forget_batches_in_flight(self) -> None:
+        """The batches in flight will never come back (one failed, and those behind it ran
+        on a state it left unknown): their requests may be scheduled again."""
+        self.in_flight.clear()
 
     def _batch_seq_cap(self) -> int:
         """Most requests one batch takes: all of them, or with ``max_batches_in_flight``

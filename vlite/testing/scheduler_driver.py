@@ -25,6 +25,7 @@ from vlite.core.outputs import EngineCoreOutput, ModelRunnerOutput, SchedulerOut
 from vlite.core.request import EngineCoreRequest, Request, RequestStatus
 from vlite.core.sampling_params import SamplingParams
 from vlite.core.scheduler import Scheduler, SchedulerLimits, build_scheduler
+from vlite.core.structured_output_manager import StructuredOutputManager
 
 #: Fake tokens are at least this, far from the prompt tokens the suites use.
 FIRST_FAKE_TOKEN = 1000
@@ -139,11 +140,13 @@ class SchedulerDriver:
         next_token: Callable[[Request], int] | None = None,
         sliding_window: int | None = None,
         recompute_past_length: int | None = None,
+        structured_outputs: StructuredOutputManager | None = None,
     ) -> SchedulerDriver:
         """A driver for a registered scheduler class (a ``SchedulingPolicy`` subclass, or
         an API-1 ``Scheduler`` subclass), built as the engine builds it (``sliding_window``:
         the KV-cache manager releases blocks outside it; ``recompute_past_length``: see
-        :class:`~vlite.core.scheduler.SchedulerLimits`)."""
+        :class:`~vlite.core.scheduler.SchedulerLimits`; ``structured_outputs``: compiles
+        the grammars of requests that have one)."""
         kv_cache = KVCacheManager(num_blocks, block_size, enable_prefix_caching, sliding_window)
         limits = SchedulerLimits(
             max_num_seqs,
@@ -153,7 +156,8 @@ class SchedulerDriver:
             long_prefill_token_threshold,
             recompute_past_length,
         )
-        return cls(build_scheduler(scheduler_cls, limits, kv_cache), kv_cache, next_token)
+        scheduler = build_scheduler(scheduler_cls, limits, kv_cache, structured_outputs)
+        return cls(scheduler, kv_cache, next_token)
 
     @property
     def limits(self) -> SchedulerLimits:
