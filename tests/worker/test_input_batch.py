@@ -7,6 +7,7 @@ import torch
 
 from vlite.core.sampling_params import SamplingParams
 from vlite.worker.input_batch import CachedRequestState, prepare_inputs
+from vlite.worker.input_buffers import InputBuffers
 
 
 def state(request_id: str, num_tokens: int, blocks: list[int], computed: int) -> CachedRequestState:
@@ -57,3 +58,32 @@ def test_a_pending_sampled_token_counts_as_known_when_a_cache_starts():
     inputs = prepare_inputs([b], [4], 16, torch.device("cpu"))
     assert inputs.input_ids.tolist() == [100, 101, 102, 7]
     assert b.num_tokens_at_cache_start == 4
+
+
+def test_steps_fill_the_same_persistent_buffers_in_place():
+    buffers = InputBuffers(torch.device("cpu"))
+    first = prepare_inputs([state("a", 5, [7], 0)], [5], 16, torch.device("cpu"), buffers)
+    pointer = first.input_ids.data_ptr()
+    second = prepare_inputs([state("b", 3, [2], 0)], [3], 16, torch.device("cpu"), buffers)
+    assert second.input_ids.data_ptr() == pointer  # nothing allocated
+    assert second.input_ids.tolist() == [100, 101, 102]
+    assert second.attn_metadata.block_tables.is_contiguous()
+
+
+def test_a_step_larger_than_the_buffers_grows_them():
+    buffers = InputBuffers(torch.device("cpu"))
+    capacity = buffers.capacity("input_ids")
+    big = state("big", capacity + 10, list(range(40)), 0)
+    inputs = prepare_inputs([big], [capacity + 10], 16, torch.device("cpu"), buffers)
+    assert buffers.capacity("input_ids") >= capacity + 10
+    assert inputs.input_ids.tolist() == list(range(100, 100 + capacity + 10))
+    assert inputs.positions[-1].item() == capacity + 9
+
+
+def test_a_narrower_block_table_is_zero_padded_over_what_a_wider_step_left():
+    buffers = InputBuffers(torch.device("cpu"))
+    prepare_inputs([state("w", 40, [5, 6, 7], 0)], [40], 16, torch.device("cpu"), buffers)
+    rows = [state("a", 3, [9], 0), state("b", 20, [3, 4], 0)]
+    inputs = prepare_inputs(rows, [3, 20], 16, torch.device("cpu"), buffers)
+    assert inputs.attn_metadata.block_tables.tolist() == [[9, 0], [3, 4]]
+    assert inputs.attn_metadata.block_tables.dtype == torch.int32

@@ -10,6 +10,7 @@ import torch
 
 from vlite.core.attention import AttentionMetadata
 from vlite.core.outputs import NewRequestData
+from vlite.worker.input_buffers import InputBuffers
 
 
 class CachedRequestState(NewRequestData, kw_only=True):
@@ -98,60 +99,76 @@ def prepare_inputs(
     num_scheduled: list[int],
     block_size: int,
     device: torch.device,
+    buffers: InputBuffers | None = None,
 ) -> ModelInputs:
-    """Lay the scheduled tokens of ``states`` end to end, with positions and cache slots.
+    """Lay the scheduled tokens of ``states`` end to end, with positions and cache slots,
+    written into ``buffers`` (the worker's persistent ones; default: new ones), so the
+    tensors returned are valid until the next call with the same buffers.
 
     ``num_scheduled[i]`` new tokens of ``states[i]`` are computed, starting at its
     ``num_computed_tokens``. A state whose tokens start at position 0 records how many it
     knows as its ``num_tokens_at_cache_start``.
     """
-    num_computed = np.fromiter((s.num_computed_tokens for s in states), np.int64, len(states))
+    buffers = buffers if buffers is not None else InputBuffers(device)
+    buffers.begin()
+    num_seqs = len(states)
+    num_computed = np.fromiter((s.num_computed_tokens for s in states), np.int64, num_seqs)
     query_lens = np.asarray(num_scheduled, dtype=np.int64)
     seq_lens = num_computed + query_lens
-    query_start_loc = np.zeros(len(states) + 1, dtype=np.int64)
+    query_start_loc = buffers.host("query_start_loc", num_seqs + 1)
+    query_start_loc[0] = 0
     np.cumsum(query_lens, out=query_start_loc[1:])
     num_tokens = int(query_start_loc[-1])
+    buffers.host("seq_lens", num_seqs)[:] = seq_lens
 
-    seq_index = np.repeat(np.arange(len(states)), query_lens)
-    positions = np.arange(num_tokens) - np.repeat(query_start_loc[:-1] - num_computed, query_lens)
-    block_table = _block_table_array(states, seq_lens, block_size)
-    slot_mapping = block_table[seq_index, positions // block_size] * block_size + (
-        positions % block_size
+    starts = np.repeat(query_start_loc[:-1].astype(np.int64) - num_computed, query_lens)
+    positions = buffers.host("positions", num_tokens)
+    np.subtract(np.arange(num_tokens), starts, out=positions)
+    block_table = _fill_block_table(buffers, states, seq_lens, block_size)
+    seq_index = np.repeat(np.arange(num_seqs), query_lens)
+    slot_mapping = buffers.host("slot_mapping", num_tokens)
+    np.add(
+        block_table[seq_index, positions // block_size].astype(np.int64) * block_size,
+        positions % block_size,
+        out=slot_mapping,
     )
     pending = [index for index, state in enumerate(states) if state.pending_token is not None]
-    input_ids, placeholders = _gather_input_ids(states, num_computed, query_lens, pending)
+    placeholders = _gather_input_ids(
+        buffers.host("input_ids", num_tokens), states, num_computed, query_lens, pending
+    )
 
-    known = np.fromiter((len(s.token_ids) for s in states), np.int64, len(states))
+    known = np.fromiter((len(s.token_ids) for s in states), np.int64, num_seqs)
     known[pending] += 1  # a token sampled but not yet on the host is known
     is_sampled = seq_lens == known
     at_cache_start = _record_cache_starts(states, num_computed, known)
-    logits_indices = query_start_loc[1:][is_sampled] - 1
-
-    def to_device(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-        return torch.from_numpy(array).to(device=device, dtype=dtype, non_blocking=True)
+    buffers.host("context_lens_at_cache_start", num_tokens)[:] = np.repeat(
+        at_cache_start, query_lens
+    )
+    num_sampled = int(is_sampled.sum())
+    buffers.host("logits_indices", num_sampled)[:] = query_start_loc[1:][is_sampled] - 1
 
     metadata = AttentionMetadata(
-        slot_mapping=to_device(slot_mapping, torch.int64),
-        query_start_loc=to_device(query_start_loc, torch.int32),
-        seq_lens=to_device(seq_lens, torch.int32),
-        block_tables=to_device(block_table, torch.int32),
+        slot_mapping=buffers.upload("slot_mapping", num_tokens),
+        query_start_loc=buffers.upload("query_start_loc", num_seqs + 1),
+        seq_lens=buffers.upload("seq_lens", num_seqs),
+        block_tables=buffers.upload("block_tables", block_table.size, block_table.shape),
         max_query_len=int(query_lens.max()),
         max_seq_len=int(seq_lens.max()),
         query_lens_cpu=query_lens.tolist(),
         seq_lens_cpu=seq_lens.tolist(),
+        context_lens_at_cache_start=buffers.upload("context_lens_at_cache_start", num_tokens),
     )
-    metadata.context_lens_at_cache_start = to_device(
-        np.repeat(at_cache_start, query_lens), torch.int64
-    )
-    device_input_ids = to_device(input_ids, torch.int64)
-    _fill_pending_tokens(device_input_ids, states, query_start_loc, placeholders)
-    return ModelInputs(
-        input_ids=device_input_ids,
-        positions=to_device(positions, torch.int64),
+    input_ids = buffers.upload("input_ids", num_tokens)
+    inputs = ModelInputs(
+        input_ids=input_ids,
+        positions=buffers.upload("positions", num_tokens),
         attn_metadata=metadata,
-        logits_indices=to_device(logits_indices, torch.int64),
+        logits_indices=buffers.upload("logits_indices", num_sampled),
         sampled_request_ids=[s.request_id for s, yes in zip(states, is_sampled) if yes],
     )
+    buffers.end()
+    _fill_pending_tokens(input_ids, states, query_start_loc, placeholders)
+    return inputs
 
 
 def _record_cache_starts(
@@ -164,26 +181,33 @@ def _record_cache_starts(
     return np.fromiter((s.num_tokens_at_cache_start for s in states), np.int64, len(states))
 
 
-def _block_table_array(
-    states: list[CachedRequestState], seq_lens: np.ndarray, block_size: int
+def _fill_block_table(
+    buffers: InputBuffers,
+    states: list[CachedRequestState],
+    seq_lens: np.ndarray,
+    block_size: int,
 ) -> np.ndarray:
-    """``[num_seqs, max_num_blocks]`` int64, zero-padded."""
+    """The ``[num_seqs, max_num_blocks]`` block table, zero-padded, in ``buffers``."""
     num_blocks = -(-seq_lens // block_size)
-    table = np.zeros((len(states), int(num_blocks.max())), dtype=np.int64)
+    width = int(num_blocks.max())
+    table = buffers.host("block_tables", len(states) * width).reshape(len(states), width)
+    table.fill(0)
     for row, (state, count) in enumerate(zip(states, num_blocks.tolist())):
         table[row, :count] = state.block_ids[:count]
     return table
 
 
 def _gather_input_ids(
+    out: np.ndarray,
     states: list[CachedRequestState],
     num_computed: np.ndarray,
     query_lens: np.ndarray,
     pending: list[int],
-) -> tuple[np.ndarray, list[int]]:
-    """The scheduled tokens end to end, and the indices (among ``pending``, the states with
-    a pending token) whose chunk ends with that token: it is not on the host yet, so it is
-    0 here and filled on the device by :func:`_fill_pending_tokens`."""
+) -> list[int]:
+    """Write the scheduled tokens end to end into ``out``; return the indices (among
+    ``pending``, the states with a pending token) whose chunk ends with that token: it is
+    not on the host yet, so it is 0 here and filled on the device by
+    :func:`_fill_pending_tokens`."""
     starts, lengths = num_computed.tolist(), query_lens.tolist()
     chunks = [
         state.token_ids[start : start + length]
@@ -193,7 +217,8 @@ def _gather_input_ids(
     for index in placeholders:
         chunks[index] = [*chunks[index], 0]
     flat = (token for chunk in chunks for token in chunk)
-    return np.fromiter(flat, np.int64, int(query_lens.sum())), placeholders
+    out[:] = np.fromiter(flat, np.int64, len(out))
+    return placeholders
 
 
 def _fill_pending_tokens(

@@ -21,6 +21,7 @@ from vlite.worker.cuda_graphs import (
 )
 from vlite.worker.grammar_mask import apply_grammar_bitmask
 from vlite.worker.input_batch import CachedRequestState, ModelInputs, prepare_inputs
+from vlite.worker.input_buffers import InputBuffers
 from vlite.worker.logits_processors import LogitsProcessorPipeline
 from vlite.worker.logprobs import LogprobsRequest
 from vlite.worker.sampled_tokens import SampledTokens, resolve_all
@@ -56,6 +57,8 @@ class ModelRunner:
         self.device = device
         self.kv_caches: list[torch.Tensor] = []
         self.requests: dict[str, CachedRequestState] = {}
+        #: The persistent tensors each step's inputs are written into.
+        self.input_buffers = InputBuffers(device)
         #: Sampled steps whose tokens are not on the host yet, oldest first.
         self._unresolved: deque[SampledTokens] = deque()
         self._pending: tuple[ModelInputs, torch.Tensor, GrammarBitmask | None] | None = None
@@ -140,7 +143,9 @@ class ModelRunner:
         scheduled = scheduler_output.num_scheduled_tokens
         states = [self.requests[request_id] for request_id in scheduled]
         num_scheduled = list(scheduled.values())
-        inputs = prepare_inputs(states, num_scheduled, self.block_size, self.device)
+        inputs = prepare_inputs(
+            states, num_scheduled, self.block_size, self.device, self.input_buffers
+        )
         hidden = self._forward(inputs)
         for state, num_tokens in zip(states, num_scheduled):
             state.num_computed_tokens += num_tokens
