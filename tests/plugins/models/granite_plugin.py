@@ -13,6 +13,15 @@ class GraniteForCausalLM(LlamaForCausalLM):
     """IBM Granite (3.x): Llama with scaled embeddings, attention scores, residual
     branches and logits, each read from the Hugging Face config."""
 
+    #: What ModelConformance (and ``vlite plugins check``) builds its tiny model with:
+    #: multipliers other than 1.0, so that each hook is exercised.
+    tiny_config = {
+        "embedding_multiplier": 2.0,
+        "attention_multiplier": 0.1,
+        "residual_multiplier": 0.5,
+        "logits_scaling": 4.0,
+    }
+
     @classmethod
     def attention_scale(cls, hf_config: Any) -> float:
         return hf_config.attention_multiplier

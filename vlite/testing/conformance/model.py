@@ -71,7 +71,9 @@ class ModelConformance(PluginConformance):
         tiny_config: config fields of the tiny model, over
             :func:`~vlite.testing.tiny_models.make_tiny_model`'s defaults (and its
             ``num_kv_heads``, ``tie_word_embeddings`` and ``seed``), e.g. Granite's
-            multipliers, so that what the model does differently is exercised.
+            multipliers, so that what the model does differently is exercised. Default
+            (``None``): the model class's own ``tiny_config`` attribute, which is what
+            ``vlite plugins check`` uses, else ``make_tiny_model``'s defaults.
         prompt_lengths: the prompts run alone, in a batch and under preemption.
         prefix_len: tokens the prefix-cache prompts share (whole blocks are cached).
         prefix_tail_lengths: each prefix-cache prompt's own tokens after the prefix.
@@ -86,7 +88,7 @@ class ModelConformance(PluginConformance):
     """
 
     plugin_kind = "model"
-    tiny_config: ClassVar[dict[str, Any]] = {}
+    tiny_config: ClassVar[dict[str, Any] | None] = None
     prompt_lengths: ClassVar[tuple[int, ...]] = (1, 6, 19, 33)
     prefix_len: ClassVar[int] = 24
     prefix_tail_lengths: ClassVar[tuple[int, ...]] = (3, 10)
@@ -111,10 +113,18 @@ class ModelConformance(PluginConformance):
 
     @pytest.fixture(scope="class")
     @classmethod
-    def tiny_model_folder(cls, conformance_plugin_name) -> Path:
+    def tiny_model_settings(cls, plugin_cls) -> dict[str, Any]:
+        """:attr:`tiny_config`, else the model class's own ``tiny_config`` (else none)."""
+        if cls.tiny_config is not None:
+            return dict(cls.tiny_config)
+        return dict(getattr(plugin_cls, "tiny_config", None) or {})
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def tiny_model_folder(cls, conformance_plugin_name, tiny_model_settings) -> Path:
         """A tiny random-weight model of the architecture, made once per process."""
         try:
-            return cached_tiny_model(conformance_plugin_name, **cls.tiny_config)
+            return cached_tiny_model(conformance_plugin_name, **tiny_model_settings)
         except ValueError as error:
             pytest.fail(
                 f"the suite cannot write a tiny {conformance_plugin_name}: {error}; override "
