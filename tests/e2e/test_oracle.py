@@ -11,10 +11,9 @@ import random
 from pathlib import Path
 
 import pytest
-import torch
-from transformers import AutoModelForCausalLM
 
 from vlite import LLM, SamplingParams
+from vlite.testing.engine_runs import transformers_greedy
 from vlite.testing.tiny_models import ARCHITECTURES, make_tiny_model
 
 NUM_NEW_TOKENS = 24
@@ -52,15 +51,7 @@ def make_prompts(folder: Path, shared_prefix_len: int, seed: int = 0) -> list[li
 
 
 def hf_greedy(folder: Path, prompts: list[list[int]]) -> list[list[int]]:
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    model.generation_config.eos_token_id = None  # like ignore_eos: always NUM_NEW_TOKENS
-    continuations = []
-    for prompt in prompts:
-        ids = torch.tensor([prompt])
-        with torch.no_grad():
-            out = model.generate(ids, max_new_tokens=NUM_NEW_TOKENS, do_sample=False)
-        continuations.append(out[0, len(prompt) :].tolist())
-    return continuations
+    return [c.token_ids for c in transformers_greedy(folder, prompts, NUM_NEW_TOKENS)]
 
 
 def vlite_greedy(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:

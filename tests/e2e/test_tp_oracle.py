@@ -13,11 +13,10 @@ import random
 from pathlib import Path
 
 import pytest
-import torch
 from transformers import AutoModelForCausalLM
 
 from vlite import LLM, SamplingParams
-from vlite.testing.engine_runs import call_with_timeout
+from vlite.testing.engine_runs import call_with_timeout, transformers_greedy
 from vlite.testing.tiny_models import make_tiny_model
 
 NUM_NEW_TOKENS = 16
@@ -67,16 +66,7 @@ def make_prompts(vocab_size: int) -> list[list[int]]:
 
 
 def hf_greedy(folder: Path, prompts: list[list[int]]) -> list[list[int]]:
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    model.generation_config.eos_token_id = None  # like ignore_eos
-    continuations = []
-    for prompt in prompts:
-        with torch.no_grad():
-            out = model.generate(
-                torch.tensor([prompt]), max_new_tokens=NUM_NEW_TOKENS, do_sample=False
-            )
-        continuations.append(out[0, len(prompt) :].tolist())
-    return continuations
+    return [c.token_ids for c in transformers_greedy(folder, prompts, NUM_NEW_TOKENS)]
 
 
 @pytest.mark.parametrize("model_name", list(MODELS))

@@ -151,6 +151,57 @@ def test_a_model_using_the_fused_ops_computes_its_own_logits(
     assert counting.calls["rope_"] >= num_layers
 
 
+class MultipliedLlama(LlamaForCausalLM):
+    """Llama with every multiplier hook away from 1 (Granite's kind of model)."""
+
+    @classmethod
+    def attention_scale(cls, hf_config):
+        return 0.1
+
+    @classmethod
+    def embedding_multiplier(cls, hf_config):
+        return 2.0
+
+    @classmethod
+    def residual_multiplier(cls, hf_config):
+        return 0.5
+
+    @classmethod
+    def logits_scaling(cls, hf_config):
+        return 4.0
+
+
+@pytest.mark.parametrize("kernels", ["triton-interpreter", "c"])
+def test_the_multiplier_hooks_compute_the_same_through_the_fused_ops(ops, tmp_path, kernels):
+    """The residual multiplier scales each sublayer's output before the fused residual add
+    (and the other hooks apply) exactly as in the PyTorch path."""
+    from vlite.kernels.native import fused_ops
+
+    folder = make_tiny_model(tmp_path, "LlamaForCausalLM")
+
+    def build(model_cls):
+        return build_model(
+            load_hf_config(folder),
+            model_cls,
+            TorchAttentionBackend,
+            block_size=16,
+            dtype=torch.float32,
+            device="cpu",
+            load_format="safetensors",
+            folder=folder,
+        )
+
+    prompt = list(range(5, 40))
+    model = build(MultipliedLlama)
+    expected = _prefill_logits(model, prompt)
+    plain = _prefill_logits(build(LlamaForCausalLM), prompt)
+    assert (expected - plain).abs().max() > 0.1  # the hooks change the model
+    counting = CountingOps(ops if kernels == "triton-interpreter" else fused_ops())
+    model.use_fused_ops(counting)
+    torch.testing.assert_close(_prefill_logits(model, prompt), expected, rtol=1e-4, atol=1e-4)
+    assert counting.calls["add_rmsnorm"] == 2 * model.num_layers + 1
+
+
 class CountingOps:
     """Forwards to ``ops``, counting the calls of each fused step."""
 

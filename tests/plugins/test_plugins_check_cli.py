@@ -60,10 +60,18 @@ def test_check_an_unknown_name_lists_the_available_ones():
     assert "fcfs" in result.stderr and "uniproc" in result.stderr
 
 
-def test_check_a_model_says_models_have_no_suite():
-    result = check("LlamaForCausalLM")
-    assert result.exit_code != 0
-    assert "there is no conformance suite for model plugins" in result.stderr
+def test_check_a_model_runs_the_model_suite():
+    result = check("LlamaForCausalLM", "-k", "loads or batch")
+    assert result.exit_code == 0, result.output
+    assert "Checking model 'LlamaForCausalLM' (vlite " in result.stdout
+    assert "with the model conformance suite" in result.stdout
+    rows = table_rows(result.stdout)
+    assert rows == {
+        "test_plugin_loads_through_a_fresh_plugin_manager": "PASSED",
+        "test_a_batch_equals_transformers": "PASSED",
+    }
+    summary = result.stdout.strip().splitlines()[-1]
+    assert summary.startswith("PASS: ModelConformance on model 'LlamaForCausalLM': 2 passed")
 
 
 def test_check_a_name_of_several_kinds_needs_kind(install_plugin):

@@ -17,6 +17,7 @@ from vlite.testing import (
     AttentionBackendConformance,
     ExecutorConformance,
     LogitsProcessorConformance,
+    ModelConformance,
     SamplerConformance,
     SchedulerConformance,
     StructuredOutputBackendConformance,
@@ -123,6 +124,24 @@ class TestBuiltinWeightFormats(WeightFormatConformance):
         return request.param
 
 
+def model_params() -> list:
+    """Every built-in architecture; all but Llama's are ``slow`` (the oracle,
+    ``tests/e2e/test_oracle.py``, holds each to transformers at more lengths)."""
+    return [
+        name if name == "LlamaForCausalLM" else pytest.param(name, marks=pytest.mark.slow)
+        for name in builtin_names("model")
+    ]
+
+
+class TestBuiltinModels(ModelConformance):
+    load_entry_points = False
+
+    @pytest.fixture(scope="class", params=model_params())
+    @classmethod
+    def conformance_plugin_name(cls, request) -> str:
+        return request.param
+
+
 TESTED_KINDS = {
     cls.plugin_kind
     for cls in (
@@ -133,12 +152,13 @@ TESTED_KINDS = {
         TestBuiltinStructuredOutputBackends,
         TestBuiltinLogitsProcessors,
         TestBuiltinWeightFormats,
+        TestBuiltinModels,
     )
 }
 
 
-def test_every_plugin_kind_but_models_has_a_suite_run_here():
-    assert set(CONFORMANCE_SUITES) == set(PLUGIN_KINDS) - {"model"}
+def test_every_plugin_kind_has_a_suite_run_here():
+    assert set(CONFORMANCE_SUITES) == set(PLUGIN_KINDS)
     assert set(CONFORMANCE_SUITES) == TESTED_KINDS
 
 

@@ -26,6 +26,14 @@ Sliding-window attention: each layer's window comes from the config
 (:func:`vlite.models.spec.layer_sliding_windows`: Mistral's ``sliding_window``, Qwen2's
 ``use_sliding_window`` from ``max_window_layers`` on, per-layer ``layer_types``) and is
 passed to the attention backend as ``sliding_window`` for that layer's calls.
+
+Hooks a subclass overrides, class methods of the config read once at construction:
+:meth:`~LlamaForCausalLM.attention_scale`, :meth:`~LlamaForCausalLM.embedding_multiplier`,
+:meth:`~LlamaForCausalLM.residual_multiplier` and :meth:`~LlamaForCausalLM.logits_scaling`
+(Granite's four multipliers; docs/models.md). The defaults are Llama's and multiply
+nothing. A multiplier other than 1.0 is a PyTorch multiplication, so with quantized weights
+on the CPU such a model's decode steps run eagerly instead of being replayed
+(:mod:`vlite.worker.cpu_graphs` says why).
 """
 
 from __future__ import annotations
@@ -307,6 +315,10 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = mlp if mlp is not None else LlamaMLP(config, tp_group)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        #: Scales each sublayer's output before it joins the residual stream (Granite's
+        #: ``residual_multiplier``); set by the model from
+        #: :meth:`LlamaForCausalLM.residual_multiplier`. At 1.0 nothing is multiplied.
+        self.residual_scale: float = 1.0
 
     def forward(
         self,
@@ -319,15 +331,24 @@ class LlamaDecoderLayer(nn.Module):
         """The block on ``hidden`` ``[T, hidden_size]``: returns ``(mlp output, residual)``.
 
         The skip connections are carried as ``residual`` (``None`` for the first layer) and
-        added inside the norms, so ``residual + mlp output`` is HF's layer output.
+        added inside the norms, so ``residual + mlp output`` is HF's layer output. With a
+        :attr:`residual_scale` other than 1.0 both sublayer outputs are multiplied by it
+        before they are added (``residual + out * scale``, as Granite), which every path of
+        the norms' add (PyTorch, fused C or Triton kernels) then adds unchanged.
         """
         if residual is None:
             residual, hidden = hidden, self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(rotation, hidden, kv_cache, metadata)
+        hidden = self._scaled(self.self_attn(rotation, hidden, kv_cache, metadata))
         hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        return self._scaled(self.mlp(hidden)), residual
+
+    def _scaled(self, out: torch.Tensor) -> torch.Tensor:
+        """A sublayer's output ``[T, hidden_size]`` times :attr:`residual_scale` (itself
+        when that is 1.0)."""
+        scale = self.residual_scale
+        return out if scale == 1.0 else out * scale
 
 
 class PipelineMissingLayer(nn.Module):
@@ -436,6 +457,7 @@ class LlamaForCausalLM(nn.Module):
         for layer, window in zip(self.model.layers, layer_sliding_windows(hf_config)):
             if not isinstance(layer, PipelineMissingLayer):
                 layer.self_attn.sliding_window = window
+                layer.residual_scale = self.residual_scale
         self.add_lm_head()
         #: Fused C kernels for norms and RoPE (set when weights stay quantized on the CPU).
         self.native_ops: Any = None
@@ -467,9 +489,10 @@ class LlamaForCausalLM(nn.Module):
     ) -> range:
         """What every model of this family sets first: the config, the parallel groups, the
         stage's layer count, the head size, whether embeddings are tied (the config's
-        ``tie_word_embeddings``, else ``tied_by_default``) and the attention backend
-        (scores scaled by ``scale``, default ``head_dim ** -0.5``). Returns the indices of
-        the layers this stage holds.
+        ``tie_word_embeddings``, else ``tied_by_default``), the attention backend (scores
+        scaled by ``scale``, default :meth:`attention_scale`) and the multipliers of the
+        hooks :meth:`embedding_multiplier`, :meth:`residual_multiplier` and
+        :meth:`logits_scaling`. Returns the indices of the layers this stage holds.
 
         Raises:
             ValueError: the config does not split over ``tp_group``.
@@ -488,10 +511,46 @@ class LlamaForCausalLM(nn.Module):
             hf_config.num_attention_heads // tp_group.world_size,
             hf_config.num_key_value_heads // tp_group.world_size,
             self.head_dim,
-            scale=self.head_dim**-0.5 if scale is None else scale,
+            scale=self.attention_scale(hf_config) if scale is None else scale,
             block_size=block_size,
         )
+        #: Multiplies the token embeddings (1.0: untouched).
+        self.embedding_scale = float(self.embedding_multiplier(hf_config))
+        #: Multiplies each sublayer's output before the residual add (1.0: untouched).
+        self.residual_scale = float(self.residual_multiplier(hf_config))
+        #: Divides the logits (1.0: untouched).
+        self.logits_divisor = float(self.logits_scaling(hf_config))
         return range(start, end)
+
+    # ---- hooks a subclass overrides (defaults: Llama's; Granite's in docs/models.md) -----
+
+    @classmethod
+    def attention_scale(cls, hf_config: Any) -> float:
+        """The factor attention scores ``q . k`` are multiplied by before the softmax.
+
+        Default ``head_dim ** -0.5``; Granite's is ``config.attention_multiplier``.
+        """
+        return head_dim_of(hf_config) ** -0.5
+
+    @classmethod
+    def embedding_multiplier(cls, hf_config: Any) -> float:
+        """The factor the token embeddings ``[T, hidden]`` are multiplied by (in their
+        dtype) before the first layer. Default 1.0 (no multiplication); Granite's is
+        ``config.embedding_multiplier``."""
+        return 1.0
+
+    @classmethod
+    def residual_multiplier(cls, hf_config: Any) -> float:
+        """The factor each sublayer's output (attention's, then the MLP's) is multiplied
+        by before it is added to the residual stream: ``residual + out * m``. Default 1.0
+        (no multiplication); Granite's is ``config.residual_multiplier``."""
+        return 1.0
+
+    @classmethod
+    def logits_scaling(cls, hf_config: Any) -> float:
+        """The divisor of the float32 logits ``[n, vocab]``. Default 1.0 (no division);
+        Granite's is ``config.logits_scaling``."""
+        return 1.0
 
     def add_lm_head(self) -> None:
         """The vocabulary projection, on the last pipeline stage (weightless when tied)."""
@@ -531,7 +590,7 @@ class LlamaForCausalLM(nn.Module):
         if len(kv_caches) != self.num_layers:
             raise ValueError(f"expected {self.num_layers} KV caches, got {len(kv_caches)}")
         if intermediate_tensors is None:
-            hidden, residual = self.model.embed_tokens(input_ids), None
+            hidden, residual = self.embed(input_ids), None
         else:
             hidden, residual = intermediate_tensors
         rotation = StepRotation(
@@ -556,10 +615,20 @@ class LlamaForCausalLM(nn.Module):
             return "a LongRoPE model rotates by the context's length, known only per step"
         return None
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """``[T]`` token ids -> ``[T, hidden]`` embeddings, times :attr:`embedding_scale`
+        when that is not 1.0."""
+        hidden = self.model.embed_tokens(input_ids)
+        scale = self.embedding_scale
+        return hidden if scale == 1.0 else hidden * scale
+
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """``[n, hidden_size]`` -> ``[n, vocab_size]`` float32 logits (full on every rank)."""
+        """``[n, hidden_size]`` -> ``[n, vocab_size]`` float32 logits (full on every rank),
+        divided by :attr:`logits_divisor` when that is not 1.0."""
         tied = self.model.embed_tokens.table if self.tie_word_embeddings else None
-        return self.lm_head(hidden_states, tied)
+        logits = self.lm_head(hidden_states, tied)
+        divisor = self.logits_divisor
+        return logits if divisor == 1.0 else logits / divisor
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy Hugging Face-named tensors into the (partly fused, maybe sharded) parameters.

@@ -16,7 +16,10 @@ the plugin::
 - :class:`LogitsProcessorConformance`: untouched rows, batch invariance, state that
   follows the batch, no tensor work for steps that do not use it;
 - :class:`WeightFormatConformance`: products, gathers and tensor-parallel cuts against the
-  format's own dequantized values, refusals that name the type.
+  format's own dequantized values, refusals that name the type;
+- :class:`ModelConformance`: greedy tokens and logprobs of a tiny model of the
+  architecture equal ``transformers``' alone, batched, with prefix-cache hits, under
+  preemption and at tensor-parallel size 2.
 
 They need pytest, so they are imported lazily: ``vlite.testing.tiny_models`` and the other
 helpers work without it. Under pytest, the suites' modules are registered for pytest's
@@ -43,6 +46,7 @@ _LAZY = {
     "StructuredOutputBackendConformance": "vlite.testing.conformance.structured_output",
     "LogitsProcessorConformance": "vlite.testing.conformance.logits_processor",
     "WeightFormatConformance": "vlite.testing.conformance.weight_format",
+    "ModelConformance": "vlite.testing.conformance.model",
     "CONFORMANCE_SUITES": "vlite.testing.conformance",
     "make_tiny_model": "vlite.testing.tiny_models",
 }

@@ -1,4 +1,5 @@
-"""Small end-to-end runs for the conformance suites: cached tiny models, prompts, timeouts."""
+"""Small end-to-end runs for the conformance suites: cached tiny models, prompts, timeouts,
+and transformers' greedy continuations (the oracle vlite's tokens are held to)."""
 
 from __future__ import annotations
 
@@ -104,6 +105,45 @@ def generate_tokens(llm: Any, cases: Sequence[PromptCase]) -> list[list[int]]:
         use_tqdm=False,
     )
     return [list(output.outputs[0].token_ids) for output in outputs]
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """A greedy continuation: its token ids and each one's log-probability under the
+    model's logits at its position (natural log, float32 ``log_softmax``)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+
+
+def transformers_greedy(
+    folder: Path | str, prompts: Sequence[Sequence[int]], max_new_tokens: int
+) -> list[Continuation]:
+    """What ``transformers``' float32 greedy ``generate`` continues each prompt with, one
+    prompt at a time, always ``max_new_tokens`` tokens (the end-of-sequence token does not
+    stop it, as ``ignore_eos``)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model.generation_config.eos_token_id = None  # like ignore_eos
+    continuations = []
+    for prompt in prompts:
+        with torch.no_grad():
+            out = model.generate(
+                torch.tensor([list(prompt)]),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
+        tokens = out.sequences[0, len(prompt) :].tolist()
+        logprobs = [
+            torch.log_softmax(logits[0].float(), dim=-1)[token].item()
+            for logits, token in zip(out.logits, tokens, strict=True)
+        ]
+        continuations.append(Continuation(tokens, logprobs))
+    return continuations
 
 
 class TimeoutExpired(AssertionError):

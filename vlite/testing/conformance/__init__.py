@@ -16,4 +16,5 @@ CONFORMANCE_SUITES: dict[str, str] = {
     ),
     "logits_processor": "vlite.testing.conformance.logits_processor.LogitsProcessorConformance",
     "weight_format": "vlite.testing.conformance.weight_format.WeightFormatConformance",
+    "model": "vlite.testing.conformance.model.ModelConformance",
 }
