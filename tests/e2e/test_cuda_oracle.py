@@ -13,9 +13,10 @@ import random
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig
 
 from vlite import LLM, SamplingParams
+from vlite.testing.engine_runs import transformers_greedy
 from vlite.testing.tiny_models import make_tiny_model
 
 pytestmark = [
@@ -49,15 +50,7 @@ def cuda_case(request, tmp_path_factory):
         tokens = [rng.randrange(4, vocab_size) for _ in range(length)]
         tokens[: min(length, len(prefix))] = prefix[:length]
         prompts.append(tokens)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    model.generation_config.eos_token_id = None  # like ignore_eos
-    expected = []
-    for prompt in prompts:
-        with torch.no_grad():
-            out = model.generate(
-                torch.tensor([prompt]), max_new_tokens=NUM_NEW_TOKENS, do_sample=False
-            )
-        expected.append(out[0, len(prompt) :].tolist())
+    expected = [c.token_ids for c in transformers_greedy(folder, prompts, NUM_NEW_TOKENS)]
     return folder, prompts, expected
 
 

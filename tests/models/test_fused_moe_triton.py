@@ -268,7 +268,6 @@ def test_cpu_tensors_in_a_cuda_process_use_a_private_interpreted_copy():
 def test_a_tiny_mixtral_on_the_triton_experts_matches_transformers(
     tmp_path, monkeypatch, exact_float32_products
 ):
-    from transformers import AutoModelForCausalLM
 
     from vlite import LLM, SamplingParams
     from vlite.models.moe_kernels import experts
@@ -279,18 +278,9 @@ def test_a_tiny_mixtral_on_the_triton_experts_matches_transformers(
     )
     prompts = [[5, 17, 42, 99, 7, 250, 3, 64, 128, 11, 19, 23, 200, 31, 8, 77, 90], [12]]
     num_new_tokens = 8
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    model.generation_config.eos_token_id = None  # like ignore_eos
-    expected = []
-    for prompt in prompts:
-        with torch.no_grad():
-            out = model.generate(
-                torch.tensor([prompt]),
-                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                max_new_tokens=num_new_tokens,
-                do_sample=False,
-            )
-        expected.append(out[0, len(prompt) :].tolist())
+    from vlite.testing.engine_runs import transformers_greedy
+
+    expected = [c.token_ids for c in transformers_greedy(folder, prompts, num_new_tokens)]
 
     launches = []
     grouped_experts = experts.grouped_experts
