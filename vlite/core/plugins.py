@@ -30,6 +30,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from vlite.core import hookspecs
 from vlite.core.errors import ConfigError, PluginError
 from vlite.core.hookspecs import PLUGIN_API_VERSION, SUPPORTED_PLUGIN_APIS
+from vlite.core.plugin_kinds import KINDS, KINDS_BY_NAME
 
 ENTRY_POINT_GROUP = "vlite"
 #: Entry-point group, in vlite's own package metadata, of the modules whose hook
@@ -39,17 +40,8 @@ ALLOW_LIST_ENV = "VLITE_PLUGINS"
 #: Module-level attribute in which a plugin declares the plugin API versions it supports.
 API_REQUIREMENT_ATTRIBUTE = "VLITE_PLUGIN_API"
 
-#: Plugin kind -> the registration hook that fills it.
-PLUGIN_KINDS: dict[str, str] = {
-    "scheduler": "register_schedulers",
-    "attention_backend": "register_attention_backends",
-    "sampler": "register_samplers",
-    "executor": "register_executors",
-    "model": "register_models",
-    "structured_output_backend": "register_structured_output_backends",
-    "logits_processor": "register_logits_processors",
-    "weight_format": "register_weight_formats",
-}
+#: Plugin kind -> the registration hook that fills it (from :data:`~vlite.core.plugin_kinds.KINDS`).
+PLUGIN_KINDS: dict[str, str] = {kind.name: kind.hook for kind in KINDS}
 
 
 def builtin_plugin_modules() -> tuple[str, ...]:
@@ -341,33 +333,20 @@ def registration_problem(kind: str, obj: Any) -> str | None:
     samplers and models have the methods of their protocol
     (:class:`~vlite.core.sampler.Sampler`, :class:`~vlite.core.model.CausalLM`).
     """
-    from vlite.core.attention import AttentionBackend
-    from vlite.core.executor import Executor
-    from vlite.core.scheduler import Scheduler
-    from vlite.core.scheduling_policy import SchedulingPolicy
-    from vlite.core.weight_format import WeightFormat
-
     if not isinstance(obj, type):
         return "is not a class (register the class, not an instance)"
+    descriptor = KINDS_BY_NAME[kind]
+    interface = descriptor.interface_class()
     if kind == "scheduler":
-        return _scheduler_problem(obj, SchedulingPolicy, Scheduler)
-    bases = {
-        "attention_backend": AttentionBackend,
-        "executor": Executor,
-        "weight_format": WeightFormat,
-    }
-    if kind in bases and not issubclass(obj, bases[kind]):
-        return f"does not subclass {_qualified(bases[kind])}"
+        from vlite.core.scheduler import Scheduler
+
+        return _scheduler_problem(obj, interface, Scheduler)
+    if descriptor.subclassed and not issubclass(obj, interface):
+        return f"does not subclass {_qualified(interface)}"
     abstract = sorted(getattr(obj, "__abstractmethods__", ()))
     if kind == "weight_format" and abstract:
         return f"does not implement {', '.join(abstract)}"
-    methods = {
-        "sampler": ("sample",),
-        "model": ("forward", "compute_logits", "load_weights"),
-        "structured_output_backend": ("validate", "compile"),
-        "logits_processor": ("update_state", "apply"),
-    }
-    missing = [m for m in methods.get(kind, ()) if not callable(getattr(obj, m, None))]
+    missing = [m for m in descriptor.required_methods if not callable(getattr(obj, m, None))]
     if missing:
         return f"has no {', '.join(missing)} method"
     return None
