@@ -41,21 +41,14 @@ import numpy as np
 import torch
 
 from vlite.models.gguf import permute_qk
+from vlite.models.gguf_config import GGUF_ARCHITECTURES
 from vlite.testing.tiny_models import CHAT_TEMPLATE
 
-#: Hugging Face architecture -> the ``general.architecture`` llama.cpp's converter writes.
-GGUF_ARCHITECTURE = {
-    "LlamaForCausalLM": "llama",
-    "MixtralForCausalLM": "llama",
-    "SmolLM3ForCausalLM": "smollm3",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-    "Phi3ForCausalLM": "phi3",
-    "Qwen2MoeForCausalLM": "qwen2moe",
-    "Qwen3MoeForCausalLM": "qwen3moe",
-    "OlmoeForCausalLM": "olmoe",
-    "Gemma2ForCausalLM": "gemma2",
-    "Gemma3ForCausalLM": "gemma3",
+#: Hugging Face architecture -> the ``general.architecture`` llama.cpp's converter writes:
+#: what vlite's reader maps back (``GGUF_ARCHITECTURES``), and ``llama`` for Mixtral (a
+#: ``llama`` file with experts).
+GGUF_ARCHITECTURE = {hf: gguf for gguf, hf in GGUF_ARCHITECTURES.items()} | {
+    "MixtralForCausalLM": "llama"
 }
 
 #: The architectures the converter writes through its Llama class, which permutes Q/K.
