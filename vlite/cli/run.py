@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from vlite.cli.options import build_config, engine_options, pop_engine_overrides
+from vlite.cli.sampling_flags import given_sampling, sampling_flags
 from vlite.core.config import VliteConfig
 from vlite.core.errors import InvalidRequestError, VliteError
 from vlite.core.memory import kv_cache_tokens_for_requests
@@ -56,33 +57,7 @@ class PromptSpec:
     f"--chat, until the model ends its answer, at most {CHAT_MAX_TOKENS} (the model's "
     "context length ends any request).",
 )
-@click.option(
-    "--temperature", type=float, default=0.0, show_default=True, help="0 decodes greedily."
-)
-@click.option("--top-p", type=float, default=1.0, show_default=True)
-@click.option("--top-k", type=int, default=0, show_default=True, help="0 keeps every token.")
-@click.option("--min-p", type=float, default=0.0, show_default=True, help="0 keeps every token.")
-@click.option("--presence-penalty", type=float, default=0.0, show_default=True, help="In [-2, 2].")
-@click.option("--frequency-penalty", type=float, default=0.0, show_default=True, help="In [-2, 2].")
-@click.option("--repetition-penalty", type=float, default=1.0, show_default=True, help="1 is off.")
-@click.option(
-    "--min-tokens",
-    type=int,
-    default=0,
-    show_default=True,
-    help="New tokens before EOS, stop tokens or stop strings may end a request.",
-)
-@click.option(
-    "--n", "n", type=int, default=1, show_default=True, help="Samples per prompt (try a seed)."
-)
-@click.option(
-    "--logprobs",
-    type=int,
-    default=None,
-    help="With --json: each token's logprob and this many top alternatives.",
-)
-@click.option("--stop", multiple=True, help="Stop string (repeatable); cut from the output.")
-@click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence.")
+@sampling_flags
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per request.")
 @click.option(
     "--trace",
@@ -143,9 +118,9 @@ def run_command(prompts, input_file, chat, as_json, trace_file, config_file, **o
 
 
 def _default_sampling(options: dict[str, Any], chat: bool) -> dict[str, Any]:
-    defaults = {name: options.pop(name) for name in list(options) if name in SAMPLING_FIELDS}
-    defaults["stop"] = list(defaults.get("stop") or [])
-    if defaults.get("max_tokens") is None:
+    defaults = given_sampling(options)
+    defaults["max_tokens"] = options.pop("max_tokens")
+    if defaults["max_tokens"] is None:
         defaults["max_tokens"] = CHAT_MAX_TOKENS if chat else COMPLETION_MAX_TOKENS
     return defaults
 

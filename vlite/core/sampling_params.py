@@ -51,16 +51,15 @@ class SamplingParams:
             token's, in [0, 1] (0 is off).
         min_tokens: The end-of-sequence token, ``stop_token_ids`` and stop strings cannot
             end the request before this many output tokens (>= 0, <= ``max_tokens``).
-        logprobs: ``None``, or return the log-probability of each sampled token and of the
-            ``logprobs`` most likely tokens at its position (0 <= logprobs <=
-            ``MAX_LOGPROBS``), from the model's raw logits (before penalties and
-            temperature).
+        logprobs: Return the log-probability of each sampled token and of the ``logprobs``
+            most likely tokens at its position (0 <= logprobs <= ``MAX_LOGPROBS``), from the
+            model's raw logits (before penalties and temperature); ``None``: none.
         structured_outputs: ``None``, or the shape the output must have (a JSON schema, a
             regex, choices, a grammar: :class:`StructuredOutputsParams`, or a dict of its
             fields). The request is finished with ``"stop"`` when the shape is complete.
         logit_bias: token id -> a bias in [-100, 100] added to its logit before sampling.
-        allowed_token_ids: only these token ids may be sampled.
-        bad_words: words that may not be generated: a word's last token is banned where the
+        allowed_token_ids: Only these token ids may be sampled.
+        bad_words: Words that may not be generated: a word's last token is banned where the
             output ends with the word's other tokens (the front end tokenizes them into
             ``bad_words_token_ids``, with and without a leading space).
         bad_words_token_ids: the token sequences ``bad_words`` becomes (set by the front
