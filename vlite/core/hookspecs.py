@@ -187,6 +187,27 @@ def register_weight_formats(register: Register) -> None:
 
 
 @hookspec
+def register_proposers(register: Register) -> None:
+    """Register speculative-decoding proposers.
+
+    :param register: ``register(name, cls)``; ``cls`` subclasses
+        :class:`vlite.core.proposer.Proposer` and is constructed as ``cls(config)`` with the
+        engine's :class:`~vlite.core.proposer.SpeculativeConfig` when its ``method`` names
+        it. After every step it proposes draft tokens for running requests, which the next
+        step verifies against the target model (the output is the target's either way).
+        ``vlite.testing.ProposerConformance`` checks an implementation.
+
+    Called at engine construction, in the engine-core process.
+
+    Example::
+
+        @vlite.hookimpl
+        def register_proposers(register):
+            register("my-lookup", MyLookupProposer)
+    """
+
+
+@hookspec
 def register_cli_commands(cli: Any) -> None:
     """Add commands to the ``vlite`` command-line interface.
 

@@ -93,6 +93,13 @@ KINDS: tuple[PluginKind, ...] = (
         required_methods=("update_state", "apply"),
     ),
     PluginKind(
+        "proposer",
+        "register_proposers",
+        "vlite.core.proposer.Proposer",
+        f"{_SUITES}.proposer.ProposerConformance",
+        subclassed=True,
+    ),
+    PluginKind(
         "weight_format",
         "register_weight_formats",
         "vlite.core.weight_format.WeightFormat",

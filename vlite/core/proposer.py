@@ -1,0 +1,87 @@
+"""Speculative decoding's proposers: the plugin kind that guesses a request's next tokens.
+
+After each step's ``update_from_output`` the engine asks the configured proposer for up to
+``num_speculative_tokens`` draft tokens per running request (:class:`DraftRequest`); the
+scheduler computes a request's last token and its drafts in the next step, and the worker
+keeps the longest prefix of drafts the target model's own sampling agrees with, plus one
+token of its own (see :mod:`vlite.worker.draft_verification`). The output is exactly what the
+target model alone would produce: drafts only decide how many tokens one step yields.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class SpeculativeConfig(BaseModel):
+    """The ``speculative_config`` setting: which proposer, and how many drafts.
+
+    Attributes:
+        method: the proposer plugin's name (built in: ``ngram``).
+        num_speculative_tokens: the most draft tokens per request and step.
+        prompt_lookup_min: ``ngram``: the shortest suffix of the context matched.
+        prompt_lookup_max: ``ngram``: the longest suffix of the context matched.
+        disable_by_batch_size: no request gets drafts in a step that starts with at least
+            this many running requests (speculation costs compute a large batch can use);
+            ``None``: never disabled.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    method: str = "ngram"
+    num_speculative_tokens: int = Field(4, ge=1, le=32)
+    prompt_lookup_min: int = Field(2, ge=1)
+    prompt_lookup_max: int = Field(5, ge=1)
+    disable_by_batch_size: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _lookup_range(self) -> SpeculativeConfig:
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(
+                f"prompt_lookup_min={self.prompt_lookup_min} is above prompt_lookup_max="
+                f"{self.prompt_lookup_max}; allowed: prompt_lookup_min <= prompt_lookup_max"
+            )
+        return self
+
+
+@dataclass(frozen=True)
+class DraftRequest:
+    """A running request a proposer may draft for.
+
+    Attributes:
+        request_id: the request.
+        token_ids: every token it knows, prompt then output (read-only).
+        num_prompt_tokens: how many of ``token_ids`` are the prompt.
+        max_drafts: the most drafts it may take (``num_speculative_tokens``, less where
+            ``max_tokens`` or the context length ends the request sooner); >= 1.
+    """
+
+    request_id: str
+    token_ids: Sequence[int]
+    num_prompt_tokens: int
+    max_drafts: int
+
+
+class Proposer(ABC):
+    """Guesses the next tokens of running requests. Registered with ``register_proposers``
+    and constructed as ``cls(config)`` (the :class:`SpeculativeConfig`) once per engine, in
+    the engine-core process.
+
+    A proposer may keep state across steps (an n-gram table over finished requests, ...);
+    :meth:`finish_requests` says which requests have ended.
+    """
+
+    def __init__(self, config: SpeculativeConfig) -> None:
+        self.config = config
+
+    @abstractmethod
+    def propose(self, requests: Sequence[DraftRequest]) -> dict[str, list[int]]:
+        """Draft tokens for some of ``requests``: request id -> at most its ``max_drafts``
+        token ids. A request left out (or given ``[]``) gets none this step."""
+
+    def finish_requests(self, request_ids: Sequence[str]) -> None:  # noqa: B027
+        """``request_ids`` have ended (finished, aborted or failed). Default: nothing."""

@@ -1,0 +1,1 @@
+"""vlite's built-in speculative-decoding proposers."""
