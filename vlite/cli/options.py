@@ -11,12 +11,14 @@ with nothing to restate here.
 
 from __future__ import annotations
 
+import json
 import types
 import typing
 from collections.abc import Callable
 from typing import Any
 
 import click
+import pydantic
 from pydantic import ValidationError
 
 from vlite.core.config import VliteConfig
@@ -43,7 +45,30 @@ def _click_type(annotation: Any) -> tuple[Any, bool]:
         return _click_type(typing.get_args(annotation)[0])[0], True
     if typing.get_origin(annotation) is typing.Literal:
         return click.Choice([str(value) for value in typing.get_args(annotation)]), False
+    if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
+        return JSON_OBJECT, False
     return annotation, False
+
+
+class JsonObject(click.ParamType):
+    """A JSON object given on the command line (``'{"method": "ngram"}'``), as a dict; the
+    settings class validates its fields."""
+
+    name = "JSON"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if isinstance(value, dict):
+            return value
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError as exc:
+            self.fail(f"{value!r} is not JSON: {exc}", param, ctx)
+        if not isinstance(parsed, dict):
+            self.fail(f"{value!r} is not a JSON object ({{...}})", param, ctx)
+        return parsed
+
+
+JSON_OBJECT = JsonObject()
 
 
 def settings_option(settings_cls: type, field: str) -> Callable[[Callable], Callable]:

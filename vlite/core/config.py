@@ -23,6 +23,7 @@ from pydantic_settings import (
 )
 
 from vlite.core.errors import ConfigError
+from vlite.core.proposer import SpeculativeConfig
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -159,6 +160,15 @@ class VliteConfig(BaseSettings):
         ge=0,
         description="With chunked prefill, the most tokens one request computes per step "
         "(0: as many as the budget leaves).",
+    )
+
+    speculative_config: SpeculativeConfig | None = Field(
+        None,
+        description='Speculative decoding: a JSON object, e.g. \'{"method": "ngram", '
+        '"num_speculative_tokens": 4, "prompt_lookup_max": 5}\' (fields: method, the '
+        "proposer plugin; num_speculative_tokens; prompt_lookup_min/max for ngram; "
+        "disable_by_batch_size). Each step verifies the drafts against the model, so the "
+        "output is the model's own either way. Default: none.",
     )
 
     block_size: int = Field(16, ge=1, description="Token slots per KV-cache block.")

@@ -8,6 +8,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from vlite.core.config import VliteConfig
+from vlite.core.draft_source import DraftSource
 from vlite.core.errors import InvalidRequestError
 from vlite.core.executor import Executor
 from vlite.core.kv_cache import KVCacheManager
@@ -121,6 +122,11 @@ class EngineCore:
         self.scheduler: Scheduler = build_scheduler(
             verified.plugins["scheduler"], limits, self.kv_cache_manager, self.structured_outputs
         )
+        #: Speculative decoding's draft source (``None``: no speculation).
+        self.drafts: DraftSource | None = None
+        if config.speculative_config is not None:
+            proposer = verified.plugins["proposer"](config.speculative_config)
+            self.drafts = DraftSource(proposer, config.speculative_config, self.scheduler)
         self._step_observers: list[StepObserver] = []
         #: Sums over every step run so far (what ``/metrics`` counts).
         self.step_totals = StepTotals()
@@ -270,6 +276,8 @@ class EngineCore:
         self.executor.execute_model(scheduler_output)
         model_runner_output = self.executor.sample_tokens()
         outputs = self.scheduler.update_from_output(scheduler_output, model_runner_output)
+        if self.drafts is not None:
+            self.drafts.propose(outputs)
         self.step_totals.add(self.scheduler.last_step_stats, outputs)
         if record is not None:
             for observer in self._step_observers:

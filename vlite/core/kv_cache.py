@@ -369,6 +369,22 @@ class KVCacheManager:
                     self._uncache(block)
                 self._free_queue[block.block_id] = None
 
+    def trim(self, request: Request, num_tokens: int) -> None:
+        """Release ``request``'s blocks past those its first ``num_tokens`` tokens fill: the
+        slots of draft tokens the step rejected. Those blocks held tokens no one knew, so
+        none was published to the prefix cache; they go back first in line for reuse."""
+        held = self._request_blocks.get(request.request_id)
+        if not held:
+            return
+        keep = max(-(-num_tokens // self.block_size), self._num_released.get(request.request_id, 0))
+        while len(held) > keep:
+            block = held.pop()
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self._uncache(block)
+                self._free_queue[block.block_id] = None
+                self._free_queue.move_to_end(block.block_id, last=False)
+
     def _uncache(self, block: KVCacheBlock) -> None:
         if block.block_hash is not None:
             if self._cached_blocks.get(block.block_hash) is block:

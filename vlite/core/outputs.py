@@ -39,6 +39,9 @@ class CachedRequestData(msgspec.Struct, array_like=True):
     request's block table instead of extending it. ``new_token_ids`` are the tokens this
     step computes (positions ``num_computed_tokens`` on): a worker that samples already
     has them, one that does not (an earlier pipeline stage) learns the sampled ones here.
+    ``num_kept_blocks``: the request gave back the blocks past its first this many (they
+    held only draft tokens the last step rejected): its table is cut there before
+    ``new_block_ids`` are appended (``None``: nothing given back).
     """
 
     request_id: str
@@ -46,6 +49,7 @@ class CachedRequestData(msgspec.Struct, array_like=True):
     num_computed_tokens: int
     is_resumed: bool = False
     new_token_ids: list[int] = msgspec.field(default_factory=list)
+    num_kept_blocks: int | None = None
 
 
 class GrammarBitmask(msgspec.Struct, array_like=True):
@@ -66,7 +70,10 @@ class SchedulerOutput(msgspec.Struct, array_like=True):
     ``num_scheduled_tokens`` is ordered: the model runner lays the batch out in this order.
     ``finished_request_ids`` are requests finished or aborted since the last step, whose
     worker-side state can be dropped. ``grammar_bitmask`` constrains the structured
-    requests that sample this step (``None`` when there are none).
+    requests that sample this step (``None`` when there are none). ``spec_token_ids``: the
+    draft tokens of requests that verify drafts this step (speculative decoding); they are
+    the last of the request's ``num_scheduled_tokens``, after its last known token, and the
+    worker samples every one of their positions.
     """
 
     new_requests: list[NewRequestData]
@@ -75,6 +82,7 @@ class SchedulerOutput(msgspec.Struct, array_like=True):
     finished_request_ids: list[str]
     num_preempted: int = 0
     grammar_bitmask: GrammarBitmask | None = None
+    spec_token_ids: dict[str, list[int]] = msgspec.field(default_factory=dict)
 
     @property
     def total_num_scheduled_tokens(self) -> int:

@@ -91,6 +91,9 @@ class Request:
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0
         self.num_preemptions = 0
+        #: Draft tokens a proposer guessed for after its last token (speculative decoding),
+        #: verified in its next step.
+        self.spec_token_ids: list[int] = []
         #: Tokens the request knew when its cache was last computed from position 0 (see
         #: ``SchedulerLimits.recompute_past_length``).
         self.num_tokens_at_cache_start = 0

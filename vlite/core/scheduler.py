@@ -182,6 +182,12 @@ class Scheduler:
         self._arrival_counter = itertools.count()
         self._finished_since_last_step: list[str] = []
         self.num_preemptions = 0
+        #: Requests that gave back blocks of rejected drafts -> the blocks they kept (told
+        #: to the worker with their next step).
+        self._num_kept_blocks: dict[str, int] = {}
+        #: Speculative decoding: draft tokens verified, and how many of them were kept.
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
         self.num_steps = 0
         self.last_step_stats: StepStats | None = None
 
@@ -401,6 +407,7 @@ class Scheduler:
         # were published to the prefix cache but never written: free them as uncomputed.
         self.kv_cache_manager.free(request, num_computed_tokens=request.num_computed_tokens)
         del self.requests[request.request_id]
+        self._num_kept_blocks.pop(request.request_id, None)
         self._finished_since_last_step.append(request.request_id)
         self.grammars.forget(request)
 
@@ -457,6 +464,7 @@ class Scheduler:
             finished_request_ids=finished,
             num_preempted=step.num_preempted,
             grammar_bitmask=self._grammar_bitmask(step) if self.grammars.num_structured else None,
+            spec_token_ids=step.spec_token_ids,
         )
 
     def _grammar_bitmask(self, step: _StepPlan) -> GrammarBitmask | None:
@@ -488,6 +496,13 @@ class Scheduler:
             if num_new == 0:
                 is_budget_spent = True
                 continue
+            drafts = request.spec_token_ids
+            request.spec_token_ids = []
+            if drafts and num_new == num_pending == 1 and not num_in_flight:
+                drafts = drafts[: step.budget - 1]  # within the budget, the drafts after it
+                num_new += len(drafts)
+            else:
+                drafts = []
             new_block_ids = self._allocate_or_preempt(request, num_new, step, num_in_flight)
             if new_block_ids is None:
                 continue
@@ -498,9 +513,12 @@ class Scheduler:
                     request.num_computed_tokens + num_in_flight,
                     # The worker sampled an overlapping request's token itself.
                     new_token_ids=[] if num_in_flight else _tokens_to_compute(request, num_new),
+                    num_kept_blocks=self._num_kept_blocks.pop(request.request_id, None),
                 )
             )
             step.add(request, num_new)
+            if drafts:
+                step.spec_token_ids[request.request_id] = drafts
         step.num_waits_budget += is_budget_spent
 
     def _allocate_or_preempt(
@@ -524,6 +542,7 @@ class Scheduler:
         self.running.remove(request)
         step.unschedule(request)
         self.kv_cache_manager.free(request, num_computed_tokens=request.num_computed_tokens)
+        self._num_kept_blocks.pop(request.request_id, None)  # its table is sent anew
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
@@ -652,8 +671,15 @@ class Scheduler:
             request = self.requests.get(request_id)
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue
+            tokens = sampled.get(request_id, [])
+            drafts = scheduler_output.spec_token_ids.get(request_id)
             request.num_computed_tokens += num_new
-            new_token_ids = self._append_until_stop(request, sampled.get(request_id, []))
+            if drafts:  # the rejected drafts' slots hold nothing: computed up to the last kept
+                self._count_verified(request, drafts, tokens)
+                request.num_computed_tokens -= len(drafts) + 1 - len(tokens)
+            new_token_ids = self._append_until_stop(request, tokens)
+            if drafts and not request.is_finished:
+                self._give_back_rejected_blocks(request)
             if request.status is RequestStatus.FINISHED_ERROR:
                 self._failures.append(RequestFailure(request_id, request.error, False))
                 self.running.remove(request)
@@ -676,6 +702,27 @@ class Scheduler:
                 self.running.remove(request)
                 self._release(request)
         return EngineCoreOutputs(outputs, self.take_failures())
+
+    def _give_back_rejected_blocks(self, request: Request) -> None:
+        """Free the blocks that hold only rejected drafts; the worker hears of it with the
+        request's next :class:`CachedRequestData`."""
+        kv = self.kv_cache_manager
+        num_held = len(kv.block_ids_of(request.request_id))
+        kv.trim(request, request.num_tokens)
+        num_kept = len(kv.block_ids_of(request.request_id))
+        if num_kept < num_held:
+            self._num_kept_blocks[request.request_id] = num_kept
+
+    def _count_verified(self, request: Request, drafts: list[int], tokens: list[int]) -> None:
+        """Tally a step that verified ``drafts`` and yielded ``tokens`` (the accepted drafts
+        and one token of the model's own)."""
+        if not 1 <= len(tokens) <= len(drafts) + 1 or tokens[:-1] != drafts[: len(tokens) - 1]:
+            raise RuntimeError(
+                f"request {request.request_id!r}: the worker returned {tokens} for drafts "
+                f"{drafts} (expected the accepted drafts and one more token)"
+            )
+        self.num_draft_tokens += len(drafts)
+        self.num_accepted_tokens += len(tokens) - 1
 
     def _append_until_stop(self, request: Request, token_ids: list[int]) -> list[int]:
         appended = []
@@ -736,6 +783,7 @@ class _StepPlan:
         self.cached_requests: list[CachedRequestData] = []
         self.admitted_ids: set[str] = set()
         self.preempted_ids: set[str] = set()
+        self.spec_token_ids: dict[str, list[int]] = {}
 
     def add(self, request: Request, num_tokens: int) -> None:
         self.num_scheduled_tokens[request.request_id] = num_tokens
@@ -751,6 +799,7 @@ class _StepPlan:
         self.cached_requests = [
             c for c in self.cached_requests if c.request_id != request.request_id
         ]
+        self.spec_token_ids.pop(request.request_id, None)
 
     def _tally(self, request: Request, num_tokens: int, sign: int) -> None:
         # Read before the step runs (and, on unschedule, before preemption resets it).

@@ -14,7 +14,10 @@ worker, process or Ray actor) exists. It checks, in order:
   (:mod:`vlite.core.attention_selection`);
 - the plugins' capabilities: prefix caching and chunked prefill (scheduler and backend),
   sliding windows and an attention soft cap (backend);
-- the quantization plan (``config.quantization`` for this model and device).
+- the quantization plan (``config.quantization`` for this model and device);
+- speculative decoding: the proposer is registered, and the configuration lets each
+  step's drafts be verified before the next step is scheduled (one pipeline stage, no
+  async scheduling).
 
 Each refusal is a :class:`~vlite.core.errors.ConfigError` naming the setting, its value and
 what is allowed. What it resolved comes back as a :class:`VerifiedConfig`, which the later
@@ -98,8 +101,35 @@ def verify_config(
     )
     formats = registered_weight_formats(registry, config)
     quantization = model_spec.quantization_plan(config.quantization, config.torch_device, formats)
+    if config.speculative_config is not None:
+        plugins["proposer"] = check_speculative_decoding(config, registry)
     resolved = config.model_copy(update={"attention_backend": name})
     return VerifiedConfig(resolved, plugins, limits, quantization)
+
+
+def check_speculative_decoding(config: VliteConfig, registry: PluginRegistry) -> type:
+    """The proposer class ``speculative_config.method`` names, where the configuration lets
+    drafts be verified: the next step's drafts are proposed from this step's tokens, so a
+    step must end before the next is scheduled."""
+    method = config.speculative_config.method
+    if method not in registry.names("proposer"):
+        raise ConfigError(
+            f"speculative_config.method={method!r} is not a registered proposer; registered: "
+            f"{', '.join(registry.names('proposer'))} (a plugin adds one with register_proposers)"
+        )
+    if config.pipeline_parallel_size > 1:
+        raise ConfigError(
+            f"speculative_config with pipeline_parallel_size={config.pipeline_parallel_size}: "
+            "a pipeline keeps several batches in flight, so a request's drafts would be "
+            "proposed before its last tokens are known; allowed: pipeline_parallel_size=1"
+        )
+    if config.resolved_async_scheduling:
+        raise ConfigError(
+            "speculative_config with async_scheduling: the next step is scheduled before this "
+            "one's tokens are known, and drafts are proposed from them; allowed: "
+            "async_scheduling=False (--no-async-scheduling)"
+        )
+    return registry.get("proposer", method)
 
 
 def check_architecture(registry: PluginRegistry, architecture: str) -> None:

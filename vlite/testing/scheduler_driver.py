@@ -321,6 +321,8 @@ class SchedulerDriver:
             if cached.is_resumed:
                 state.block_ids = list(cached.new_block_ids)
             else:
+                if cached.num_kept_blocks is not None:  # blocks of rejected drafts went back
+                    del state.block_ids[cached.num_kept_blocks :]
                 state.block_ids += cached.new_block_ids
             state.num_computed_tokens = cached.num_computed_tokens
         for request_id in so.num_scheduled_tokens:

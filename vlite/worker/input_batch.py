@@ -83,8 +83,9 @@ class ModelInputs:
         positions: ``[num_tokens]`` int64.
         attn_metadata: block tables, slot mapping, sequence lengths.
         logits_indices: ``[num_sampled]`` int64: the rows whose logits are sampled (the
-            last token of each sequence that reaches the end of its known tokens).
-        sampled_request_ids: request id of each row of ``logits_indices``.
+            last known token of each sequence that reaches it, and each draft after it).
+        sampled_request_ids: request id of each row of ``logits_indices`` (a request that
+            verifies drafts has one row per draft and one more, in a run).
     """
 
     input_ids: torch.Tensor
@@ -100,6 +101,7 @@ def prepare_inputs(
     block_size: int,
     device: torch.device,
     buffers: InputBuffers | None = None,
+    drafts: dict[str, list[int]] | None = None,
 ) -> ModelInputs:
     """Lay the scheduled tokens of ``states`` end to end, with positions and cache slots,
     written into ``buffers`` (the worker's persistent ones; default: new ones), so the
@@ -107,7 +109,9 @@ def prepare_inputs(
 
     ``num_scheduled[i]`` new tokens of ``states[i]`` are computed, starting at its
     ``num_computed_tokens``. A state whose tokens start at position 0 records how many it
-    knows as its ``num_tokens_at_cache_start``.
+    knows as its ``num_tokens_at_cache_start``. ``drafts`` (speculative decoding): request
+    id -> the draft tokens that follow its known tokens in its chunk; every position from
+    its last known token on is sampled.
     """
     buffers = buffers if buffers is not None else InputBuffers(device)
     buffers.begin()
@@ -134,18 +138,21 @@ def prepare_inputs(
     )
     pending = [index for index, state in enumerate(states) if state.pending_token is not None]
     placeholders = _gather_input_ids(
-        buffers.host("input_ids", num_tokens), states, num_computed, query_lens, pending
+        buffers.host("input_ids", num_tokens), states, num_computed, query_lens, pending, drafts
     )
 
     known = np.fromiter((len(s.token_ids) for s in states), np.int64, num_seqs)
     known[pending] += 1  # a token sampled but not yet on the host is known
-    is_sampled = seq_lens == known
+    # Rows sampled: the last known token's, and each draft's after it.
+    num_rows = np.maximum(seq_lens - known + 1, 0)
     at_cache_start = _record_cache_starts(states, num_computed, known)
     buffers.host("context_lens_at_cache_start", num_tokens)[:] = np.repeat(
         at_cache_start, query_lens
     )
-    num_sampled = int(is_sampled.sum())
-    buffers.host("logits_indices", num_sampled)[:] = query_start_loc[1:][is_sampled] - 1
+    num_sampled = int(num_rows.sum())
+    first_rows = np.repeat(query_start_loc[1:] - num_rows, num_rows)
+    row_offsets = np.arange(num_sampled) - np.repeat(np.cumsum(num_rows) - num_rows, num_rows)
+    buffers.host("logits_indices", num_sampled)[:] = first_rows + row_offsets
 
     metadata = AttentionMetadata(
         slot_mapping=buffers.upload("slot_mapping", num_tokens),
@@ -164,7 +171,9 @@ def prepare_inputs(
         positions=buffers.upload("positions", num_tokens),
         attn_metadata=metadata,
         logits_indices=buffers.upload("logits_indices", num_sampled),
-        sampled_request_ids=[s.request_id for s, yes in zip(states, is_sampled) if yes],
+        sampled_request_ids=[
+            state.request_id for state, rows in zip(states, num_rows.tolist()) for _ in range(rows)
+        ],
     )
     buffers.end()
     _fill_pending_tokens(input_ids, states, query_start_loc, placeholders)
@@ -203,10 +212,11 @@ def _gather_input_ids(
     num_computed: np.ndarray,
     query_lens: np.ndarray,
     pending: list[int],
+    drafts: dict[str, list[int]] | None = None,
 ) -> list[int]:
-    """Write the scheduled tokens end to end into ``out``; return the indices (among
-    ``pending``, the states with a pending token) whose chunk ends with that token: it is
-    not on the host yet, so it is 0 here and filled on the device by
+    """Write the scheduled tokens (and ``drafts``) end to end into ``out``; return the
+    indices (among ``pending``, the states with a pending token) whose chunk ends with that
+    token: it is not on the host yet, so it is 0 here and filled on the device by
     :func:`_fill_pending_tokens`."""
     starts, lengths = num_computed.tolist(), query_lens.tolist()
     chunks = [
@@ -216,6 +226,9 @@ def _gather_input_ids(
     placeholders = [index for index in pending if len(chunks[index]) < lengths[index]]
     for index in placeholders:
         chunks[index] = [*chunks[index], 0]
+    if drafts:  # a request's drafts follow its last known token
+        for index, state in enumerate(states):
+            chunks[index] = [*chunks[index], *drafts.get(state.request_id, ())]
     flat = (token for chunk in chunks for token in chunk)
     out[:] = np.fromiter(flat, np.int64, len(out))
     return placeholders

@@ -19,6 +19,7 @@ from vlite.worker.cuda_graphs import (
     GraphCapturer,
     capture_sizes,
 )
+from vlite.worker.draft_verification import verify_drafts
 from vlite.worker.grammar_mask import apply_grammar_bitmask
 from vlite.worker.input_batch import CachedRequestState, ModelInputs, prepare_inputs
 from vlite.worker.input_buffers import InputBuffers
@@ -61,7 +62,9 @@ class ModelRunner:
         self.input_buffers = InputBuffers(device)
         #: Sampled steps whose tokens are not on the host yet, oldest first.
         self._unresolved: deque[SampledTokens] = deque()
-        self._pending: tuple[ModelInputs, torch.Tensor, GrammarBitmask | None] | None = None
+        self._pending: (
+            tuple[ModelInputs, torch.Tensor, GrammarBitmask | None, dict[str, list[int]]] | None
+        ) = None
         #: This worker's pipeline stage (the only one without pipeline parallelism).
         self.pipeline: PipelineParallelGroup = getattr(model, "pp_group", SINGLE_STAGE)
         #: Captured decode forwards (:meth:`capture_decode_graphs`; ``None``: all eager).
@@ -127,6 +130,8 @@ class ModelRunner:
             if cached.is_resumed:
                 state.block_ids = list(cached.new_block_ids)
             else:
+                if cached.num_kept_blocks is not None:  # blocks of rejected drafts went back
+                    del state.block_ids[cached.num_kept_blocks :]
                 state.block_ids += cached.new_block_ids
             state.num_computed_tokens = cached.num_computed_tokens
             _learn_tokens(state, cached.num_computed_tokens, cached.new_token_ids)
@@ -143,8 +148,9 @@ class ModelRunner:
         scheduled = scheduler_output.num_scheduled_tokens
         states = [self.requests[request_id] for request_id in scheduled]
         num_scheduled = list(scheduled.values())
+        drafts = scheduler_output.spec_token_ids
         inputs = prepare_inputs(
-            states, num_scheduled, self.block_size, self.device, self.input_buffers
+            states, num_scheduled, self.block_size, self.device, self.input_buffers, drafts
         )
         hidden = self._forward(inputs)
         for state, num_tokens in zip(states, num_scheduled):
@@ -154,7 +160,7 @@ class ModelRunner:
             self._pending = None
             return
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
-        self._pending = (inputs, logits, scheduler_output.grammar_bitmask)
+        self._pending = (inputs, logits, scheduler_output.grammar_bitmask, drafts)
 
     def _forward(self, inputs: ModelInputs) -> torch.Tensor | list[torch.Tensor]:
         """The model over the step's tokens: hidden states ``[T, hidden]`` (on a stage
@@ -186,7 +192,7 @@ class ModelRunner:
         :mod:`vlite.worker.sampled_tokens`); the next step may run meanwhile."""
         if self._pending is None:
             return self._nothing_sampled()
-        inputs, logits, grammar_bitmask = self._pending
+        inputs, logits, grammar_bitmask, drafts = self._pending
         self._pending = None
         request_ids = inputs.sampled_request_ids
         if not request_ids:
@@ -208,6 +214,9 @@ class ModelRunner:
         if grammar_bitmask is not None:  # last: the grammar has the final word
             apply_grammar_bitmask(logits, request_ids, grammar_bitmask)
         sampled = self.sampler.sample(logits, metadata)
+        if drafts:
+            resolve_all(self._unresolved)  # the requests' tokens are appended in order
+            return verify_drafts(request_ids, states, sampled, drafts, logprobs_request)
         return SampledTokens(request_ids, states, sampled, self._unresolved, logprobs_request)
 
     def _nothing_sampled(self) -> Future[ModelRunnerOutput]:

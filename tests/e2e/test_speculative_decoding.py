@@ -1,0 +1,166 @@
+"""Speculative decoding keeps the model's own tokens: greedy tokens with drafts equal the
+tokens without, whether the drafts are right, partly right or wrong, under preemption, chunked
+prefill and prefix caching; right drafts make fewer steps.
+
+The drafts come from test proposers that know each prompt's greedy continuation (found by a
+run without speculation) and draft it, with mistakes where asked: so every path of the
+verification (all kept, some kept, none kept) is taken on purpose.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import vlite
+from vlite import LLM, SamplingParams
+from vlite.core.plugins import PluginRegistry, build_plugin_manager
+from vlite.core.proposer import Proposer
+from vlite.testing.engine_runs import cached_tiny_model
+
+NUM_NEW = 20
+GREEDY = SamplingParams(max_tokens=NUM_NEW, temperature=0.0, ignore_eos=True)
+rng = random.Random(0)
+PROMPTS = [[rng.randrange(4, 300) for _ in range(n)] for n in (3, 9, 17, 30)]
+#: Prompt -> its greedy continuation (filled by the ``expected`` fixture).
+CONTINUATIONS: dict[tuple[int, ...], list[int]] = {}
+
+
+class OracleProposer(Proposer):
+    """Drafts each request's true continuation; ``wrong_every`` > 0 makes every such
+    draft position wrong (the token plus one)."""
+
+    wrong_every = 0
+
+    def propose(self, requests):
+        drafts = {}
+        for request in requests:
+            tokens = list(request.token_ids)
+            prompt = tuple(tokens[: request.num_prompt_tokens])
+            done = len(tokens) - len(prompt)
+            truth = CONTINUATIONS[prompt][done : done + request.max_drafts]
+            if self.wrong_every:
+                truth = [
+                    t + 1 if (done + i) % self.wrong_every == self.wrong_every - 1 else t
+                    for i, t in enumerate(truth)
+                ]
+            if truth:
+                drafts[request.request_id] = truth
+        return drafts
+
+
+class HalfWrongProposer(OracleProposer):
+    wrong_every = 2
+
+
+class AlwaysWrongProposer(OracleProposer):
+    wrong_every = 1
+
+
+class Plugin:
+    @vlite.hookimpl
+    def register_proposers(self, register):
+        register("oracle", OracleProposer)
+        register("half-wrong", HalfWrongProposer)
+        register("always-wrong", AlwaysWrongProposer)
+
+
+@pytest.fixture(scope="module")
+def folder():
+    return str(cached_tiny_model("LlamaForCausalLM"))
+
+
+@pytest.fixture(scope="module")
+def expected(folder):
+    llm = LLM(model=folder)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY, use_tqdm=False)
+    tokens = [output.outputs[0].token_ids for output in outputs]
+    CONTINUATIONS.update({tuple(p): t for p, t in zip(PROMPTS, tokens)})
+    return tokens
+
+
+def speculative_llm(folder, method, k=4, **settings):
+    registry = PluginRegistry(build_plugin_manager(extra_plugins=(Plugin(),)))
+    spec = {"method": method, "num_speculative_tokens": k}
+    return LLM(model=folder, registry=registry, speculative_config=spec, **settings)
+
+
+def greedy(llm):
+    outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY, use_tqdm=False)
+    return [output.outputs[0].token_ids for output in outputs]
+
+
+def counts(llm):
+    scheduler = llm.llm_engine.engine_core.scheduler
+    return scheduler.num_draft_tokens, scheduler.num_accepted_tokens, scheduler.num_steps
+
+
+@pytest.mark.parametrize("method", ["oracle", "half-wrong", "always-wrong"])
+def test_greedy_tokens_equal_the_tokens_without_speculation(folder, expected, method):
+    llm = speculative_llm(folder, method)
+    assert greedy(llm) == expected
+    drafted, accepted, _ = counts(llm)
+    assert drafted > 0
+    if method == "oracle":
+        assert accepted == drafted
+    elif method == "always-wrong":
+        assert accepted == 0
+    else:
+        assert 0 < accepted < drafted
+
+
+def test_right_drafts_take_fewer_steps(folder, expected):
+    plain = LLM(model=folder, max_num_seqs=1)
+    greedy(plain)
+    llm = speculative_llm(folder, "oracle", k=4, max_num_seqs=1)
+    assert greedy(llm) == expected
+    # Each request: its prompt, then 4 drafts and 1 token per step: 20 new in 4 steps.
+    assert counts(llm)[2] < plain.llm_engine.engine_core.scheduler.num_steps / 2
+
+
+def test_under_forced_preemption(folder, expected):
+    llm = speculative_llm(folder, "half-wrong", num_kv_blocks=6, block_size=16)
+    assert greedy(llm) == expected
+    assert llm.llm_engine.engine_core.scheduler.num_preemptions > 0
+
+
+def test_with_chunked_prefill_and_a_small_budget(folder, expected):
+    llm = speculative_llm(
+        folder, "oracle", k=6, enable_chunked_prefill=True, max_num_batched_tokens=8
+    )
+    assert greedy(llm) == expected
+    assert counts(llm)[1] > 0
+
+
+def test_with_prefix_caching_twice(folder, expected):
+    llm = speculative_llm(folder, "half-wrong", enable_prefix_caching=True)
+    assert greedy(llm) == expected
+    assert greedy(llm) == expected  # prefix hits over blocks that held rejected drafts
+
+
+def test_blocks_of_rejected_drafts_are_given_back(folder, expected):
+    llm = speculative_llm(folder, "always-wrong", k=16, block_size=4, enable_prefix_caching=False)
+    assert greedy(llm) == expected
+    kv = llm.llm_engine.engine_core.kv_cache_manager
+    assert kv.num_used_blocks == 0
+
+
+def test_the_ngram_proposer_keeps_the_tokens(folder, expected):
+    llm = speculative_llm(folder, "ngram")
+    assert greedy(llm) == expected
+
+
+def test_an_unknown_method_is_refused_naming_the_registered_ones(folder):
+    with pytest.raises(vlite.core.errors.ConfigError, match="'nope' is not a registered proposer"):
+        LLM(model=folder, speculative_config={"method": "nope"})
+
+
+def test_async_scheduling_is_refused_naming_why(folder):
+    with pytest.raises(vlite.core.errors.ConfigError, match="async_scheduling"):
+        LLM(model=folder, async_scheduling=True, speculative_config={"method": "ngram"})
+
+
+def test_a_setting_of_the_speculative_config_is_checked(folder):
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        LLM(model=folder, speculative_config={"method": "ngram", "num_speculative_tokens": 0})

@@ -1,0 +1,119 @@
+"""Asking the proposer for drafts after each step (speculative decoding).
+
+:class:`DraftSource` picks the running requests that may speculate, asks the proposer
+plugin, checks its answers and leaves each request's drafts in ``Request.spec_token_ids``
+for the scheduler's next step. A request speculates when it is decoding (everything but its
+last token computed) and nothing in its sampling reads the tokens before its row or
+changes its logits (penalties, ``min_tokens``, bad words, a grammar, logit bias, allowed
+tokens, logprobs, a plugin's ``extra_args``): each of its rows is then sampled exactly as the
+model alone would sample it, so the drafts the samples agree with are the model's own tokens.
+"""
+
+from __future__ import annotations
+
+from vlite.core.errors import PluginError
+from vlite.core.outputs import EngineCoreOutputs
+from vlite.core.proposer import DraftRequest, Proposer, SpeculativeConfig
+from vlite.core.request import Request, RequestStatus
+from vlite.core.sampling_params import SamplingParams
+from vlite.core.scheduler import Scheduler
+
+
+def may_speculate(params: SamplingParams) -> bool:
+    """Whether a request with ``params`` samples each row from the model's logits alone."""
+    return not (
+        params.has_penalties
+        or params.min_tokens
+        or params.bad_words
+        or params.bad_words_token_ids
+        or params.structured_outputs is not None
+        or params.logit_bias
+        or params.allowed_token_ids
+        or params.logprobs is not None
+        or params.extra_args
+    )
+
+
+class DraftSource:
+    """The proposer of one engine, asked after every step.
+
+    Args:
+        proposer: the ``speculative_config.method`` plugin's instance.
+        config: the speculative-decoding settings.
+        scheduler: whose running requests get drafts.
+    """
+
+    def __init__(self, proposer: Proposer, config: SpeculativeConfig, scheduler: Scheduler) -> None:
+        self.proposer = proposer
+        self.config = config
+        self.scheduler = scheduler
+        self._known: set[str] = set()
+
+    def propose(self, outputs: EngineCoreOutputs) -> None:
+        """Give the running requests that may speculate their next drafts."""
+        self._forget_ended()
+        running = self.scheduler.running
+        disable_at = self.config.disable_by_batch_size
+        if disable_at is not None and len(running) >= disable_at:
+            return
+        asks = {}
+        for request in running:
+            ask = self._draft_request(request)
+            if ask is not None:
+                asks[request.request_id] = (request, ask)
+        if not asks:
+            return
+        answers = self.proposer.propose([ask for _, ask in asks.values()])
+        for request_id, drafts in self._checked(answers, asks).items():
+            asks[request_id][0].spec_token_ids = drafts
+        self._known.update(asks)
+
+    def _draft_request(self, request: Request) -> DraftRequest | None:
+        if request.status is not RequestStatus.RUNNING or not may_speculate(
+            request.sampling_params
+        ):
+            return None
+        if request.num_computed_tokens != request.num_tokens - 1:
+            return None  # its prompt is still being computed
+        limit = self.scheduler.limits.max_model_len
+        max_drafts = min(
+            self.config.num_speculative_tokens,
+            request.max_tokens - request.num_output_tokens - 1,
+            limit - request.num_tokens - 1,
+        )
+        if max_drafts < 1:
+            return None
+        return DraftRequest(
+            request.request_id, request.all_token_ids, request.num_prompt_tokens, max_drafts
+        )
+
+    def _checked(
+        self, answers: object, asks: dict[str, tuple[Request, DraftRequest]]
+    ) -> dict[str, list[int]]:
+        name = type(self.proposer).__qualname__
+        if not isinstance(answers, dict):
+            raise PluginError(
+                f"proposer {name}.propose returned {type(answers).__name__}, not a dict"
+            )
+        for request_id, drafts in answers.items():
+            if request_id not in asks:
+                raise PluginError(f"proposer {name} drafted for {request_id!r}, not asked for")
+            max_drafts = asks[request_id][1].max_drafts
+            if (
+                not isinstance(drafts, list)
+                or len(drafts) > max_drafts
+                or not all(type(token) is int and token >= 0 for token in drafts)
+            ):
+                raise PluginError(
+                    f"proposer {name} drafted {drafts!r} for {request_id!r} (allowed: a list "
+                    f"of at most {max_drafts} int token ids)"
+                )
+        return answers
+
+    def _forget_ended(self) -> None:
+        ended = [
+            request_id for request_id in self._known if request_id not in self.scheduler.requests
+        ]
+        if ended:
+            self._known.difference_update(ended)
+            self.proposer.finish_requests(ended)
