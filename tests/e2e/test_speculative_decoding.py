@@ -9,7 +9,9 @@ verification (all kept, some kept, none kept) is taken on purpose.
 
 from __future__ import annotations
 
+import math
 import random
+from collections import Counter
 
 import pytest
 
@@ -164,3 +166,78 @@ def test_async_scheduling_is_refused_naming_why(folder):
 def test_a_setting_of_the_speculative_config_is_checked(folder):
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         LLM(model=folder, speculative_config={"method": "ngram", "num_speculative_tokens": 0})
+
+
+def test_a_stop_token_inside_an_accepted_run_ends_the_request_there(folder, expected):
+    stop = expected[2][6]
+    params = SamplingParams(max_tokens=NUM_NEW, temperature=0.0, stop_token_ids=[stop])
+    prompt = [{"prompt_token_ids": PROMPTS[2]}]
+    plain = LLM(model=folder).generate(prompt, params, use_tqdm=False)[0].outputs[0]
+    llm = speculative_llm(folder, "oracle", k=8)
+    output = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0]
+    assert output.token_ids == plain.token_ids == expected[2][: expected[2].index(stop) + 1]
+    assert output.finish_reason == plain.finish_reason == "stop"
+    assert counts(llm)[1] > 0
+
+
+def test_with_tensor_parallelism(folder, expected):
+    llm = speculative_llm(folder, "half-wrong", executor="multiproc", tensor_parallel_size=2)
+    try:
+        assert greedy(llm) == expected
+        assert counts(llm)[1] > 0
+    finally:
+        llm.llm_engine.shutdown()
+
+
+# ---- sampled requests: the same distribution ------------------------------------------
+
+NUM_SAMPLES = 4000
+TOP_K = 3
+#: Each run's outcome is its 3 tokens: at most TOP_K ** 3 values.
+NUM_OUTCOMES = TOP_K**3
+#: Two runs' empirical distributions of the same law differ in L1 by at least 2 * eps with
+#: probability at most 2 * 2**K * exp(-N eps**2 / 2) (Weissman et al.'s bound, for each
+#: run): eps for a false-failure rate of 1e-6.
+FALSE_FAILURE_RATE = 1e-6
+EPS = math.sqrt(2 * math.log(2 * 2**NUM_OUTCOMES / FALSE_FAILURE_RATE) / NUM_SAMPLES)
+
+
+def sampled_distribution(llm) -> Counter:
+    params = [
+        SamplingParams(max_tokens=3, temperature=1.0, top_k=TOP_K, seed=seed, ignore_eos=True)
+        for seed in range(NUM_SAMPLES)
+    ]
+    prompts = [{"prompt_token_ids": PROMPTS[1]}] * NUM_SAMPLES
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    return Counter(tuple(output.outputs[0].token_ids) for output in outputs)
+
+
+def l1_distance(a: Counter, b: Counter) -> float:
+    return sum(abs(a[key] - b[key]) for key in set(a) | set(b)) / NUM_SAMPLES
+
+
+@pytest.fixture(scope="module")
+def plain_distribution(folder, expected):
+    return sampled_distribution(LLM(model=folder, max_num_seqs=512))
+
+
+def test_sampled_tokens_have_the_distribution_they_have_without_speculation(
+    folder, plain_distribution
+):
+    llm = speculative_llm(folder, "oracle", max_num_seqs=512)
+    distribution = sampled_distribution(llm)
+    drafted, accepted, _ = counts(llm)
+    assert 0 < accepted < drafted  # the drafts (greedy tokens) are sometimes sampled
+    assert l1_distance(distribution, plain_distribution) < 2 * EPS
+
+
+def test_the_distribution_check_catches_a_verifier_that_keeps_every_draft(
+    folder, plain_distribution, monkeypatch
+):
+    from vlite.worker import draft_verification
+
+    monkeypatch.setattr(
+        draft_verification, "accepted_tokens", lambda samples, drafts: [*drafts, samples[-1]]
+    )
+    distribution = sampled_distribution(speculative_llm(folder, "oracle", max_num_seqs=512))
+    assert l1_distance(distribution, plain_distribution) > 2 * EPS
