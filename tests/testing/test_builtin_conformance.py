@@ -18,6 +18,7 @@ from vlite.testing import (
     ExecutorConformance,
     LogitsProcessorConformance,
     ModelConformance,
+    ProposerConformance,
     SamplerConformance,
     SchedulerConformance,
     StructuredOutputBackendConformance,
@@ -124,6 +125,15 @@ class TestBuiltinWeightFormats(WeightFormatConformance):
         return request.param
 
 
+class TestBuiltinProposers(ProposerConformance):
+    load_entry_points = False
+
+    @pytest.fixture(scope="class", params=builtin_names("proposer"))
+    @classmethod
+    def conformance_plugin_name(cls, request) -> str:
+        return request.param
+
+
 def model_params() -> list:
     """Every built-in architecture; all but Llama's are ``slow`` (the oracle,
     ``tests/e2e/test_oracle.py``, holds each to transformers at more lengths)."""
@@ -152,6 +162,7 @@ TESTED_KINDS = {
         TestBuiltinStructuredOutputBackends,
         TestBuiltinLogitsProcessors,
         TestBuiltinWeightFormats,
+        TestBuiltinProposers,
         TestBuiltinModels,
     )
 }

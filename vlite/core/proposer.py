@@ -21,10 +21,10 @@ class SpeculativeConfig(BaseModel):
     """The ``speculative_config`` setting: which proposer, and how many drafts.
 
     Attributes:
-        method: the proposer plugin's name (built in: ``ngram``).
+        method: the proposer plugin's name (built in: ``ngram``, ``suffix``).
         num_speculative_tokens: the most draft tokens per request and step.
-        prompt_lookup_min: ``ngram``: the shortest suffix of the context matched.
-        prompt_lookup_max: ``ngram``: the longest suffix of the context matched.
+        prompt_lookup_min: ``ngram``, ``suffix``: the shortest suffix of the context matched.
+        prompt_lookup_max: ``ngram``, ``suffix``: the longest suffix of the context matched.
         disable_by_batch_size: no request gets drafts in a step that starts with at least
             this many running requests (speculation costs compute a large batch can use);
             ``None``: never disabled.

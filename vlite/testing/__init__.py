@@ -19,7 +19,9 @@ the plugin::
   format's own dequantized values, refusals that name the type;
 - :class:`ModelConformance`: greedy tokens and logprobs of a tiny model of the
   architecture equal ``transformers``' alone, batched, with prefix-cache hits, under
-  preemption and at tensor-parallel size 2.
+  preemption and at tensor-parallel size 2;
+- :class:`ProposerConformance`: drafts of the right form for the requests asked, within
+  their ``max_drafts``, deterministic and independent of the batch, a long context answered.
 
 They need pytest, so they are imported lazily: ``vlite.testing.tiny_models`` and the other
 helpers work without it. Under pytest, the suites' modules are registered for pytest's
@@ -47,6 +49,7 @@ _LAZY = {
     "LogitsProcessorConformance": "vlite.testing.conformance.logits_processor",
     "WeightFormatConformance": "vlite.testing.conformance.weight_format",
     "ModelConformance": "vlite.testing.conformance.model",
+    "ProposerConformance": "vlite.testing.conformance.proposer",
     "CONFORMANCE_SUITES": "vlite.testing.conformance",
     "make_tiny_model": "vlite.testing.tiny_models",
 }
