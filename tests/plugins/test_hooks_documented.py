@@ -250,17 +250,18 @@ def test_registration_hooks_are_called_and_the_engine_uses_what_they_register(ti
         attention_backend="recording",
         sampler="recording",
         executor="recording",
+        speculative_config={"method": "recording"},
     )
     constraint = {"regex": "[a-z ]*", "backend": "recording"}
     params = SamplingParams(
         max_tokens=3, temperature=0.5, seed=1, ignore_eos=True, structured_outputs=constraint
     )
-    outputs = llm.generate(["Hello"], params, use_tqdm=False)
-    assert len(outputs[0].outputs[0].token_ids) == 3
-    # weight_format: a float model, see the next test. proposer: the engine does not ask
-    # proposers yet (issue 27); once it does, pass speculative_config={"method":
-    # "recording"} above and drop it here (test_a_registered_proposer_... covers it now).
-    for kind in set(PLUGIN_KINDS) - {"weight_format", "proposer"}:
+    # The second request, without a grammar, speculates (the proposer drafts for it).
+    plain = SamplingParams(max_tokens=8, temperature=0.5, seed=1, ignore_eos=True)
+    outputs = llm.generate(["Hello", "Hello"], [params, plain], use_tqdm=False)
+    assert [len(output.outputs[0].token_ids) for output in outputs] == [3, 8]
+    # weight_format: a float model, see the next test.
+    for kind in set(PLUGIN_KINDS) - {"weight_format"}:
         used = [key for key in CALLS if key.startswith(f"{kind}.")]
         assert used and all(CALLS[key] >= 3 for key in used), f"the {kind} was not used"
 
