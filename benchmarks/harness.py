@@ -173,8 +173,15 @@ def add_vlite_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def parse_setting_value(text: str) -> int | float | bool | str:
-    """``"8"`` -> 8, ``"0.5"`` -> 0.5, ``"true"`` -> True; anything else stays a string."""
+def parse_setting_value(text: str) -> int | float | bool | str | dict:
+    """``"8"`` -> 8, ``"0.5"`` -> 0.5, ``"true"`` -> True, ``'{"method":"ngram"}'`` -> a dict
+    (JSON objects; one key in a ``--vlite-variant``, whose items are split at commas);
+    anything else stays a string."""
+    if text.startswith("{"):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SystemExit(f"a setting value starting with '{{' must be JSON: {exc}") from None
     if text.lower() in ("true", "false"):
         return text.lower() == "true"
     for convert in (int, float):

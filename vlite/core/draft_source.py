@@ -11,12 +11,15 @@ model alone would sample it, so the drafts the samples agree with are the model'
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from vlite.core.errors import PluginError
 from vlite.core.outputs import EngineCoreOutputs
 from vlite.core.proposer import DraftRequest, Proposer, SpeculativeConfig
 from vlite.core.request import Request, RequestStatus
 from vlite.core.sampling_params import SamplingParams
 from vlite.core.scheduler import Scheduler
+from vlite.core.speculation_governor import SpeculationGovernor
 
 
 def may_speculate(params: SamplingParams) -> bool:
@@ -34,6 +37,16 @@ def may_speculate(params: SamplingParams) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class StepTiming:
+    """How a finished step went: its wall time, whether it verified drafts, and whether it
+    computed decode tokens only (no prompt tokens)."""
+
+    seconds: float
+    had_drafts: bool
+    is_decode_only: bool
+
+
 class DraftSource:
     """The proposer of one engine, asked after every step.
 
@@ -47,14 +60,22 @@ class DraftSource:
         self.proposer = proposer
         self.config = config
         self.scheduler = scheduler
+        #: Pauses drafting while it measures slower than decoding without it.
+        self.governor = SpeculationGovernor()
         self._known: set[str] = set()
 
-    def propose(self, outputs: EngineCoreOutputs) -> None:
-        """Give the running requests that may speculate their next drafts."""
+    def propose(self, outputs: EngineCoreOutputs, step: StepTiming | None = None) -> None:
+        """Give the running requests that may speculate their next drafts. ``step``: how
+        the step just finished went, for the :class:`SpeculationGovernor`."""
         self._forget_ended()
+        if step is not None and step.is_decode_only:
+            num_tokens = sum(len(output.new_token_ids) for output in outputs.outputs)
+            self.governor.record(step.seconds, num_tokens, step.had_drafts)
         running = self.scheduler.running
         disable_at = self.config.disable_by_batch_size
         if disable_at is not None and len(running) >= disable_at:
+            return
+        if not self.governor.allows_drafts():
             return
         asks = {}
         for request in running:

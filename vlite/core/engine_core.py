@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
 
 from vlite.core.config import VliteConfig
-from vlite.core.draft_source import DraftSource
+from vlite.core.draft_source import DraftSource, StepTiming
 from vlite.core.errors import InvalidRequestError
 from vlite.core.executor import Executor
 from vlite.core.kv_cache import KVCacheManager
@@ -266,6 +267,7 @@ class EngineCore:
         self.scheduler.admit_compiled_requests()
         if not self.scheduler.has_schedulable_requests():
             return self._wait_for_grammars()  # (nothing at all: no outputs, at once)
+        started = time.perf_counter()
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty and not scheduler_output.num_preempted:
             raise RuntimeError(
@@ -277,7 +279,13 @@ class EngineCore:
         model_runner_output = self.executor.sample_tokens()
         outputs = self.scheduler.update_from_output(scheduler_output, model_runner_output)
         if self.drafts is not None:
-            self.drafts.propose(outputs)
+            stats = self.scheduler.last_step_stats
+            timing = StepTiming(
+                time.perf_counter() - started,
+                bool(scheduler_output.spec_token_ids),
+                stats is not None and stats.num_prefill_tokens == 0,
+            )
+            self.drafts.propose(outputs, timing)
         self.step_totals.add(self.scheduler.last_step_stats, outputs)
         if record is not None:
             for observer in self._step_observers:
