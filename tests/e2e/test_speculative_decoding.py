@@ -241,3 +241,19 @@ def test_the_distribution_check_catches_a_verifier_that_keeps_every_draft(
     )
     distribution = sampled_distribution(speculative_llm(folder, "oracle", max_num_seqs=512))
     assert l1_distance(distribution, plain_distribution) > 2 * EPS
+
+
+def test_drafts_and_acceptance_are_counted_as_vllm_names_them(folder, expected):
+    from vlite.core.stats import metric_values
+
+    llm = speculative_llm(folder, "half-wrong")
+    steps = []
+    llm.llm_engine.engine_core.add_step_observer(steps.append)
+    assert greedy(llm) == expected
+    drafted, accepted, _ = counts(llm)
+    totals = llm.llm_engine.engine_core.step_totals
+    assert (totals.num_draft_tokens, totals.num_accepted_tokens) == (drafted, accepted)
+    assert totals.num_drafts == sum(record.stats.num_drafts for record in steps) > 0
+    metrics = {metric.name: value for metric, value in metric_values(totals)}
+    assert metrics["spec_decode_num_draft_tokens"] == drafted
+    assert metrics["spec_decode_num_accepted_tokens"] == accepted

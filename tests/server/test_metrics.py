@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from vlite.core.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from vlite.core.stats import StepTotals
+from vlite.core.stats import StepTotals, metric_values
 from vlite.engine.core_messages import EngineCoreStats
 from vlite.server.metrics import RequestHistograms, one_two_five_buckets, render_metrics
 
@@ -84,8 +84,10 @@ def test_the_model_label_is_escaped():
 
 def test_every_annotated_statistic_is_exposed_once():
     samples = parse(render_metrics(make_stats(), "m"))
-    # Four gauges and a counter on the struct, seven totals, and the health gauge.
-    assert len(samples) == 5 + 7 + 1
+    # Four gauges and a counter on the struct, every total, and the health gauge.
+    num_totals = len(list(metric_values(StepTotals())))
+    assert num_totals == 10
+    assert len(samples) == 5 + num_totals + 1
     assert samples["vlite:engine_healthy"] == ("gauge", "m", 1)
 
 

@@ -277,7 +277,9 @@ class EngineCore:
         record = self._start_record(scheduler_output) if self._step_observers else None
         self.executor.execute_model(scheduler_output)
         model_runner_output = self.executor.sample_tokens()
+        accepted_before = self.scheduler.num_accepted_tokens
         outputs = self.scheduler.update_from_output(scheduler_output, model_runner_output)
+        num_accepted = self.scheduler.num_accepted_tokens - accepted_before
         if self.drafts is not None:
             stats = self.scheduler.last_step_stats
             timing = StepTiming(
@@ -286,7 +288,7 @@ class EngineCore:
                 stats is not None and stats.num_prefill_tokens == 0,
             )
             self.drafts.propose(outputs, timing)
-        self.step_totals.add(self.scheduler.last_step_stats, outputs)
+        self.step_totals.add(self.scheduler.last_step_stats, outputs, num_accepted)
         if record is not None:
             for observer in self._step_observers:
                 observer(record)

@@ -453,6 +453,8 @@ class Scheduler:
             num_waits_no_blocks=step.num_waits_no_blocks,
             num_waits_budget=step.num_waits_budget,
             num_waits_max_num_seqs=step.num_waits_max_num_seqs,
+            num_drafts=len(step.spec_token_ids),
+            num_draft_tokens=sum(map(len, step.spec_token_ids.values())),
         )
         self.num_steps += 1
         for request_id, num_tokens in step.num_scheduled_tokens.items():

@@ -82,6 +82,9 @@ class StepStats:
     num_waits_no_blocks: int
     num_waits_budget: int
     num_waits_max_num_seqs: int
+    #: Speculative decoding: requests that verify drafts this step, and their drafts.
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -178,10 +181,25 @@ class StepTotals:
     num_preemptions: Annotated[
         int, Metric("num_preemptions", "counter", "Requests preempted to free KV-cache blocks.")
     ] = 0
+    num_drafts: Annotated[
+        int,
+        Metric("spec_decode_num_drafts", "counter", "Requests' steps that verified drafts."),
+    ] = 0
+    num_draft_tokens: Annotated[
+        int, Metric("spec_decode_num_draft_tokens", "counter", "Draft tokens verified.")
+    ] = 0
+    num_accepted_tokens: Annotated[
+        int,
+        Metric("spec_decode_num_accepted_tokens", "counter", "Draft tokens accepted (kept)."),
+    ] = 0
 
-    def add(self, stats: StepStats, outputs: EngineCoreOutputs) -> None:
-        """Add one step: its :class:`StepStats` and the tokens it sampled."""
+    def add(
+        self, stats: StepStats, outputs: EngineCoreOutputs, num_accepted_tokens: int = 0
+    ) -> None:
+        """Add one step: its :class:`StepStats`, the tokens it sampled and the drafts it
+        accepted."""
         self.num_steps += 1
+        self.num_accepted_tokens += num_accepted_tokens
         self.num_generation_tokens += sum(len(o.new_token_ids) for o in outputs.outputs)
         for name in _SUMMED_FIELDS:
             setattr(self, name, getattr(self, name) + getattr(stats, name))
