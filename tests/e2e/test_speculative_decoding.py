@@ -257,3 +257,39 @@ def test_drafts_and_acceptance_are_counted_as_vllm_names_them(folder, expected):
     metrics = {metric.name: value for metric, value in metric_values(totals)}
     assert metrics["spec_decode_num_draft_tokens"] == drafted
     assert metrics["spec_decode_num_accepted_tokens"] == accepted
+
+
+@pytest.mark.parametrize("method", ["oracle", "half-wrong"])
+def test_penalties_count_the_drafts_before_each_row(folder, expected, method):
+    params = SamplingParams(
+        max_tokens=NUM_NEW,
+        temperature=0.0,
+        ignore_eos=True,
+        repetition_penalty=1.3,
+        presence_penalty=0.5,
+        frequency_penalty=0.3,
+    )
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+    plain = [o.outputs[0].token_ids for o in LLM(model=folder).generate(prompts, params)]
+    llm = speculative_llm(folder, method)
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert got == plain
+    assert plain != expected  # the penalties changed the tokens
+    assert counts(llm)[1] > 0
+
+
+def test_logprobs_of_kept_tokens_are_those_without_speculation(folder, expected):
+    params = SamplingParams(max_tokens=NUM_NEW, temperature=0.0, ignore_eos=True, logprobs=2)
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+    plain = LLM(model=folder).generate(prompts, params, use_tqdm=False)
+    llm = speculative_llm(folder, "half-wrong")
+    got = llm.generate(prompts, params, use_tqdm=False)
+    assert counts(llm)[1] > 0
+    for ours, theirs in zip(got, plain):
+        assert ours.outputs[0].token_ids == theirs.outputs[0].token_ids
+        assert len(ours.outputs[0].logprobs) == NUM_NEW
+        for mine, reference in zip(ours.outputs[0].logprobs, theirs.outputs[0].logprobs):
+            assert mine.keys() == reference.keys()
+            for token, entry in mine.items():
+                assert entry.logprob == pytest.approx(reference[token].logprob, abs=1e-4)
+                assert entry.rank == reference[token].rank

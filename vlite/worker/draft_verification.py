@@ -33,6 +33,18 @@ def accepted_tokens(samples: list[int], drafts: list[int]) -> list[int]:
     return samples[: kept + 1]
 
 
+def drafts_before_rows(request_ids: list[str], drafts: dict[str, list[int]]) -> list[list[int]]:
+    """Each sampled row's drafts before it: row ``i`` of a request with drafts ``d`` follows
+    ``d[:i]`` (the context it is sampled after, as penalties count it)."""
+    before: list[list[int]] = []
+    row = 0
+    while row < len(request_ids):
+        own = drafts.get(request_ids[row], [])
+        before += [own[:i] for i in range(len(own) + 1)]
+        row += len(own) + 1
+    return before
+
+
 def verify_drafts(
     request_ids: list[str],
     states: list[CachedRequestState],
@@ -47,7 +59,7 @@ def verify_drafts(
         states: the state of each row's request.
         sampled: ``[rows]`` the sampled token of each row.
         drafts: request id -> the drafts it verified this step.
-        logprobs: the rows that asked for logprobs (never a request with drafts).
+        logprobs: the rows that asked for logprobs: each kept token gets its row's.
     """
     samples = sampled.tolist()
     tokens: dict[str, list[int]] = {}
@@ -61,8 +73,14 @@ def verify_drafts(
         row += len(own) + 1
     output = ModelRunnerOutput(sampled_token_ids=tokens)
     if logprobs is not None:
-        entries = logprobs.gather(sampled)
-        output.logprobs = {request_ids[r]: [entry] for r, entry in zip(logprobs.rows, entries)}
+        # A request's rows come in order, one per token it may keep: those of its kept ones.
+        by_request: dict[str, list] = {}
+        for r, entry in zip(logprobs.rows, logprobs.gather(sampled)):
+            by_request.setdefault(request_ids[r], []).append(entry)
+        output.logprobs = {
+            request_id: entries[: len(tokens[request_id])]
+            for request_id, entries in by_request.items()
+        }
     done: Future[ModelRunnerOutput] = Future()
     done.set_result(output)
     return done

@@ -19,7 +19,7 @@ from vlite.worker.cuda_graphs import (
     GraphCapturer,
     capture_sizes,
 )
-from vlite.worker.draft_verification import verify_drafts
+from vlite.worker.draft_verification import drafts_before_rows, verify_drafts
 from vlite.worker.grammar_mask import apply_grammar_bitmask
 from vlite.worker.input_batch import CachedRequestState, ModelInputs, prepare_inputs
 from vlite.worker.input_buffers import InputBuffers
@@ -203,7 +203,8 @@ class ModelRunner:
         vocab_size = logits.shape[-1]
         # One check keeps a batch that uses no min-p, penalty or logprobs cheap.
         has_extras = any(state.has_sampling_extras for state in states)
-        metadata = build_sampling_metadata(states, self.device, vocab_size, has_extras)
+        row_drafts = drafts_before_rows(request_ids, drafts) if drafts else None
+        metadata = build_sampling_metadata(states, self.device, vocab_size, has_extras, row_drafts)
         logprobs_request = None
         if has_extras:
             # Raw logprobs: before the logits processors and whatever the sampler does.

@@ -18,6 +18,7 @@ def build_sampling_metadata(
     device: torch.device,
     vocab_size: int,
     has_extras: bool = True,
+    row_drafts: list[list[int]] | None = None,
 ) -> SamplingMetadata:
     """Tensors of the sampled rows' settings, in row order.
 
@@ -27,6 +28,8 @@ def build_sampling_metadata(
         vocab_size: width of the logits (the padding id of token histories).
         has_extras: whether any row has ``has_sampling_extras``; ``False`` skips looking
             for min-p and penalties.
+        row_drafts: speculative decoding: each row's draft tokens before it (its output so
+            far, as the penalties count it, is the request's and these).
     """
     params = [state.sampling_params for state in states]
     temperature = [0.0 if p.is_greedy else float(p.temperature) for p in params]
@@ -37,7 +40,7 @@ def build_sampling_metadata(
     if has_extras and not is_all_greedy and any(p.min_p > 0 for p in params):
         min_p = _on_device([float(p.min_p) for p in params], torch.float32, device)
     if has_extras and any(p.has_penalties for p in params):
-        penalties = build_penalties(states, device, vocab_size)
+        penalties = build_penalties(states, device, vocab_size, row_drafts)
     return SamplingMetadata(
         temperature=_on_device(temperature, torch.float32, device),
         top_k=_on_device(top_k, torch.int64, device),
@@ -56,15 +59,20 @@ def build_sampling_metadata(
 
 
 def build_penalties(
-    states: list[CachedRequestState], device: torch.device, vocab_size: int
+    states: list[CachedRequestState],
+    device: torch.device,
+    vocab_size: int,
+    row_drafts: list[list[int]] | None = None,
 ) -> SamplingPenalties:
-    """The rows' penalties and padded token histories (empty for rows without penalties)."""
+    """The rows' penalties and padded token histories (empty for rows without penalties;
+    ``row_drafts``: see :func:`build_sampling_metadata`)."""
     params = [state.sampling_params for state in states]
     prompts, outputs = [], []
-    for state, p in zip(states, params):
+    for row, (state, p) in enumerate(zip(states, params)):
         if p.has_penalties:
             prompts.append(state.token_ids[: state.num_prompt_tokens])
-            outputs.append(state.token_ids[state.num_prompt_tokens :])
+            drafted = row_drafts[row] if row_drafts else []
+            outputs.append(state.token_ids[state.num_prompt_tokens :] + drafted)
         else:
             prompts.append([])
             outputs.append([])
