@@ -293,3 +293,21 @@ def test_logprobs_of_kept_tokens_are_those_without_speculation(folder, expected)
             for token, entry in mine.items():
                 assert entry.logprob == pytest.approx(reference[token].logprob, abs=1e-4)
                 assert entry.rank == reference[token].rank
+
+
+def test_logit_bias_and_allowed_tokens_apply_at_every_draft_position(folder, expected):
+    allowed = sorted({token for tokens in expected for token in tokens})[:40]
+    params = SamplingParams(
+        max_tokens=NUM_NEW,
+        temperature=0.0,
+        ignore_eos=True,
+        allowed_token_ids=allowed,
+        logit_bias={allowed[0]: 3.0, allowed[1]: -2.0},
+    )
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+    plain = [o.outputs[0].token_ids for o in LLM(model=folder).generate(prompts, params)]
+    llm = speculative_llm(folder, "half-wrong")
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert got == plain
+    assert plain != expected
+    assert counts(llm)[0] > 0

@@ -3,11 +3,10 @@
 :class:`DraftSource` picks the running requests that may speculate, asks the proposer
 plugin, checks its answers and leaves each request's drafts in ``Request.spec_token_ids``
 for the scheduler's next step. A request speculates when it is decoding (everything but its
-last token computed) and no logits processor or grammar edits its logits (``min_tokens``,
-bad words, a grammar, logit bias, allowed tokens, a plugin's ``extra_args``): each of its
-rows is then sampled exactly as it would be as the request's next token (penalties count
-the drafts before the row, logprobs are taken per row), so the drafts the samples agree
-with are the model's own tokens.
+last token computed) and nothing that edits its logits reads the tokens before a row
+(:func:`may_speculate`): each of its rows is then sampled exactly as it would be as the
+request's next token (penalties count the drafts before the row, logprobs are taken per
+row), so the drafts the samples agree with are the model's own tokens.
 """
 
 from __future__ import annotations
@@ -25,16 +24,16 @@ from vlite.core.speculation_governor import SpeculationGovernor
 
 def may_speculate(params: SamplingParams) -> bool:
     """Whether a request with ``params`` samples each row from its context alone: its
-    logits, and for penalties its tokens with the drafts before the row (the worker counts
-    them); logits processors and grammars see a row as the request's next token, so
-    requests that use one do not speculate."""
+    logits, edits that are the same at every position (logit bias, allowed tokens), and
+    for penalties its tokens with the drafts before the row (the worker counts them). The
+    edits that read the tokens before a row (``min_tokens``, bad words, a grammar, a
+    plugin's processor through ``extra_args``) would take it for the request's next token,
+    so requests that use one do not speculate."""
     return not (
         params.min_tokens
         or params.bad_words
         or params.bad_words_token_ids
         or params.structured_outputs is not None
-        or params.logit_bias
-        or params.allowed_token_ids
         or params.extra_args
     )
 
