@@ -58,3 +58,15 @@ def test_bench_rejects_a_non_positive_count(tiny_model):
     result = invoke("--model", tiny_model, "--num-prompts", "0")
     assert result.exit_code == 2
     assert "--num-prompts" in result.output
+
+
+def test_bench_reports_speculative_decodings_acceptance(tiny_model):
+    spec = '{"method": "ngram", "prompt_lookup_min": 1, "num_speculative_tokens": 3}'
+    args = ["--model", tiny_model, "--num-prompts", "4", "--input-len", "24", "--output-len", "8"]
+    result = invoke(*args, "--no-warmup", "--json", "--speculative-config", spec)
+    assert result.exit_code == 0, result.output
+    speculative = json.loads(result.stdout)["speculative"]
+    assert speculative["method"] == "ngram"
+    assert 0 <= speculative["num_accepted_tokens"] <= speculative["num_draft_tokens"]
+    table = invoke(*args, "--no-warmup", "--speculative-config", spec)
+    assert "speculative decoding (ngram):" in table.stdout

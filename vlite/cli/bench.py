@@ -72,8 +72,12 @@ def bench_command(
     try:
         if warmup:
             run_workload(engine, [Arrival(0, "warmup", arrivals[0].prompt_token_ids[:16], 4)])
+        totals = engine.engine_core.step_totals
+        drafted, accepted = totals.num_draft_tokens, totals.num_accepted_tokens
         with tqdm(total=num_prompts, desc="Benchmarking", unit="req", disable=as_json) as bar:
             result = run_workload(engine, arrivals, on_request_finished=lambda: bar.update(1))
+        drafted = totals.num_draft_tokens - drafted
+        accepted = totals.num_accepted_tokens - accepted
     except InvalidRequestError as exc:  # a prompt that cannot fit the model or the cache
         raise click.ClickException(str(exc)) from None
     finally:
@@ -81,6 +85,13 @@ def bench_command(
     summary = summarize(result)
     summary["attention_backend"] = engine.engine_core.attention_backend_name
     summary["scheduler"] = config.scheduler
+    if config.speculative_config is not None:
+        summary["speculative"] = {
+            "method": config.speculative_config.method,
+            "num_draft_tokens": drafted,
+            "num_accepted_tokens": accepted,
+            "acceptance": accepted / drafted if drafted else None,
+        }
     if as_json:
         click.echo(json.dumps(summary))
     else:
@@ -134,8 +145,21 @@ def format_summary(
             _latency_line("ITL (ms)", itl),
             f"  {summary['num_steps']} steps, {summary['num_preemptions']} preemptions, "
             f"{summary['wall_s']:.2f} s",
+            *_speculative_lines(summary.get("speculative")),
         ]
     )
+
+
+def _speculative_lines(speculative: dict[str, Any] | None) -> list[str]:
+    if speculative is None:
+        return []
+    acceptance = speculative["acceptance"]
+    share = f" ({acceptance:.0%} accepted)" if acceptance is not None else ""
+    return [
+        f"  speculative decoding ({speculative['method']}): "
+        f"{speculative['num_draft_tokens']} draft tokens verified, "
+        f"{speculative['num_accepted_tokens']} kept{share}"
+    ]
 
 
 def _latency_line(name: str, stats_ms: dict[str, float]) -> str:
