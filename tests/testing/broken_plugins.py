@@ -12,6 +12,7 @@ import threading
 import torch
 import torch.nn.functional as F
 
+from vlite.core.attention import AttentionMetadata
 from vlite.core.hookspecs import hookimpl
 from vlite.core.outputs import ModelRunnerOutput
 from vlite.core.request import RequestStatus
@@ -101,6 +102,32 @@ class ScaleIgnoringBackend(TorchAttentionBackend):
         super().__init__(num_heads, num_kv_heads, head_dim, head_dim**-0.5, block_size)
 
 
+class PerSequenceWritingBackend(TorchAttentionBackend):
+    """Writes each sequence's keys just before attending it, the last sequence first: right
+    while sequences own their blocks, wrong when they share them (draft positions)."""
+
+    def forward(self, query, key, value, kv_cache, metadata, **options):
+        out = torch.empty_like(query)
+        starts = metadata.query_start_loc.tolist()
+        for i in reversed(range(metadata.num_seqs)):
+            rows = slice(starts[i], starts[i + 1])
+            num_rows = starts[i + 1] - starts[i]
+            one = AttentionMetadata(
+                slot_mapping=metadata.slot_mapping[rows],
+                query_start_loc=torch.tensor([0, num_rows], dtype=torch.int32),
+                seq_lens=metadata.seq_lens[i : i + 1],
+                block_tables=metadata.block_tables[i : i + 1],
+                max_query_len=num_rows,
+                max_seq_len=metadata.seq_lens_cpu[i],
+                query_lens_cpu=[num_rows],
+                seq_lens_cpu=[metadata.seq_lens_cpu[i]],
+            )
+            out[rows] = super().forward(
+                query[rows], key[rows], value[rows], kv_cache, one, **options
+            )
+        return out
+
+
 class WindowIgnoringBackend(TorchAttentionBackend):
     """Claims sliding windows, then attends over the whole context."""
 
@@ -186,6 +213,7 @@ def register_schedulers(register) -> None:
 def register_attention_backends(register) -> None:
     register("last-cached-block-dropping", LastCachedBlockDroppingBackend)
     register("scale-ignoring", ScaleIgnoringBackend)
+    register("per-sequence-writing", PerSequenceWritingBackend)
     register("window-ignoring", WindowIgnoringBackend)
     register("soft-cap-ignoring", SoftCapIgnoringBackend)
     register("host-list-graph", HostListGraphBackend)

@@ -123,6 +123,15 @@ def test_attention_suite_catches_a_backend_that_ignores_the_scale(pytester):
     assert outcomes["test_matches_dense_attention_decoding_only"] == "passed"
 
 
+def test_attention_suite_catches_a_backend_that_attends_before_the_steps_keys_are_written(
+    pytester,
+):
+    outcomes = run_suite(pytester, "AttentionBackendConformance", "per-sequence-writing")
+    assert_caught(outcomes, {"test_draft_positions_as_one_token_sequences_over_one_block_table"})
+    # Sequences that own their blocks are unaffected.
+    assert outcomes["test_matches_dense_attention_decoding_only"] == "passed"
+
+
 def test_attention_suite_catches_a_backend_that_ignores_the_window(pytester):
     outcomes = run_suite(pytester, "AttentionBackendConformance", "window-ignoring")
     assert_caught(

@@ -139,6 +139,11 @@ class AttentionBackend(ABC):
     ) -> torch.Tensor:
         """Write the new keys/values into ``kv_cache`` and attend.
 
+        Every new key and value of the step is written before any query reads the cache:
+        sequences may share blocks (a request verifying draft tokens comes as one one-token
+        sequence per draft position over the same block table, each seeing the keys written
+        for the positions before it).
+
         Args:
             query: ``[num_tokens, num_heads, head_dim]``.
             key: ``[num_tokens, num_kv_heads, head_dim]``.

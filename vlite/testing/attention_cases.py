@@ -217,6 +217,49 @@ def run_case(
     return results
 
 
+def run_draft_case(
+    backend: AttentionBackend,
+    shape: AttentionShape,
+    context: int,
+    num_drafts: int,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+) -> list[StepResult]:
+    """A sequence of ``context`` tokens computed as a prompt, then a step that verifies
+    ``num_drafts`` draft tokens as the engine lays it out: ``num_drafts + 1`` one-token
+    sequences over the one block table, at positions ``context..context + num_drafts``
+    (each must see the keys the step writes for the positions before it)."""
+    device = torch.device(device)
+    gen = torch.Generator().manual_seed(seed)
+    bs = shape.block_size
+    length = context + num_drafts + 1
+    num_blocks = -(-length // bs) + 3
+    table = torch.randperm(num_blocks, generator=gen).tolist()[: -(-length // bs)]
+    kv_cache = (10 * torch.randn(backend.kv_cache_shape(num_blocks), generator=gen)).to(device)
+    q = torch.randn(length, shape.num_heads, shape.head_dim, generator=gen)
+    k = torch.randn(length, shape.num_kv_heads, shape.head_dim, generator=gen)
+    v = torch.randn(length, shape.num_kv_heads, shape.head_dim, generator=gen)
+    results = []
+    steps = [
+        ("prompt", [(0, context)]),
+        ("drafts", [(context + i, 1) for i in range(num_drafts + 1)]),
+    ]
+    for step_name, spans in steps:
+        metadata = build_metadata([table] * len(spans), spans, bs, device)
+        rows = slice(spans[0][0], spans[-1][0] + spans[-1][1])
+        output = backend.forward(
+            q[rows].to(device), k[rows].to(device), v[rows].to(device), kv_cache, metadata
+        ).cpu()
+        expected = torch.cat(
+            [
+                dense_causal_attention(q[s : s + n], k[: s + n], v[: s + n], shape.scale)
+                for s, n in spans
+            ]
+        )
+        results.append(StepResult(step_name, spans, output, expected))
+    return results
+
+
 def _refill_blocks(kv_cache: torch.Tensor, block_ids: list[int], gen: torch.Generator) -> None:
     """Overwrite blocks of a cache in the default layout ``[2, num_blocks, ...]`` with new
     (finite) garbage, as another request reusing them would; other layouts are left alone."""

@@ -119,13 +119,10 @@ def prepare_inputs(
     num_computed = np.fromiter((s.num_computed_tokens for s in states), np.int64, num_seqs)
     query_lens = np.asarray(num_scheduled, dtype=np.int64)
     seq_lens = num_computed + query_lens
-    query_start_loc = buffers.host("query_start_loc", num_seqs + 1)
-    query_start_loc[0] = 0
-    np.cumsum(query_lens, out=query_start_loc[1:])
-    num_tokens = int(query_start_loc[-1])
-    buffers.host("seq_lens", num_seqs)[:] = seq_lens
+    query_ends = np.cumsum(query_lens)
+    num_tokens = int(query_ends[-1])
 
-    starts = np.repeat(query_start_loc[:-1].astype(np.int64) - num_computed, query_lens)
+    starts = np.repeat(query_ends - query_lens - num_computed, query_lens)
     positions = buffers.host("positions", num_tokens)
     np.subtract(np.arange(num_tokens), starts, out=positions)
     block_table = _fill_block_table(buffers, states, seq_lens, block_size)
@@ -150,20 +147,12 @@ def prepare_inputs(
         at_cache_start, query_lens
     )
     num_sampled = int(num_rows.sum())
-    first_rows = np.repeat(query_start_loc[1:] - num_rows, num_rows)
+    first_rows = np.repeat(query_ends - num_rows, num_rows)
     row_offsets = np.arange(num_sampled) - np.repeat(np.cumsum(num_rows) - num_rows, num_rows)
     buffers.host("logits_indices", num_sampled)[:] = first_rows + row_offsets
 
-    metadata = AttentionMetadata(
-        slot_mapping=buffers.upload("slot_mapping", num_tokens),
-        query_start_loc=buffers.upload("query_start_loc", num_seqs + 1),
-        seq_lens=buffers.upload("seq_lens", num_seqs),
-        block_tables=buffers.upload("block_tables", block_table.size, block_table.shape),
-        max_query_len=int(query_lens.max()),
-        max_seq_len=int(seq_lens.max()),
-        query_lens_cpu=query_lens.tolist(),
-        seq_lens_cpu=seq_lens.tolist(),
-        context_lens_at_cache_start=buffers.upload("context_lens_at_cache_start", num_tokens),
+    metadata = _attention_metadata(
+        buffers, query_lens, seq_lens, block_table, num_rows > 1, num_tokens
     )
     input_ids = buffers.upload("input_ids", num_tokens)
     inputs = ModelInputs(
@@ -176,8 +165,50 @@ def prepare_inputs(
         ],
     )
     buffers.end()
-    _fill_pending_tokens(input_ids, states, query_start_loc, placeholders)
+    _fill_pending_tokens(input_ids, states, np.concatenate(([0], query_ends)), placeholders)
     return inputs
+
+
+def _attention_metadata(
+    buffers: InputBuffers,
+    query_lens: np.ndarray,
+    seq_lens: np.ndarray,
+    block_table: np.ndarray,
+    verifies_drafts: np.ndarray,
+    num_tokens: int,
+) -> AttentionMetadata:
+    """The step's :class:`AttentionMetadata`. A request that verifies drafts (a decode of
+    its last token and ``d`` drafts, ``verifies_drafts``) is laid out as ``1 + d`` one-token
+    sequences over its block table, with contexts one token longer each: each position
+    attends exactly as a decode step of that length would (a backend writes every new key
+    before it attends), so verification computes with the decode path's own kernels (and
+    the step is a decode step that can be replayed)."""
+    if verifies_drafts.any():
+        counts = np.where(verifies_drafts, query_lens, 1)  # sequences each request becomes
+        rows = np.repeat(np.arange(len(query_lens)), counts)
+        offsets = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
+        split = verifies_drafts[rows]
+        seq_lens = np.where(split, seq_lens[rows] - query_lens[rows] + 1 + offsets, seq_lens[rows])
+        query_lens = np.where(split, 1, query_lens[rows])
+        table = block_table[rows]  # a copy: block_table is the buffer written below
+        block_table = buffers.host("block_tables", table.size).reshape(table.shape)
+        block_table[:] = table
+    num_seqs = len(query_lens)
+    query_start_loc = buffers.host("query_start_loc", num_seqs + 1)
+    query_start_loc[0] = 0
+    np.cumsum(query_lens, out=query_start_loc[1:])
+    buffers.host("seq_lens", num_seqs)[:] = seq_lens
+    return AttentionMetadata(
+        slot_mapping=buffers.upload("slot_mapping", num_tokens),
+        query_start_loc=buffers.upload("query_start_loc", num_seqs + 1),
+        seq_lens=buffers.upload("seq_lens", num_seqs),
+        block_tables=buffers.upload("block_tables", block_table.size, block_table.shape),
+        max_query_len=int(query_lens.max()),
+        max_seq_len=int(seq_lens.max()),
+        query_lens_cpu=query_lens.tolist(),
+        seq_lens_cpu=seq_lens.tolist(),
+        context_lens_at_cache_start=buffers.upload("context_lens_at_cache_start", num_tokens),
+    )
 
 
 def _record_cache_starts(

@@ -21,6 +21,7 @@ from vlite.testing.attention_cases import (
     decode_batch,
     random_batch,
     run_case,
+    run_draft_case,
     run_replay_case,
 )
 from vlite.testing.conformance.base import PluginConformance
@@ -175,6 +176,16 @@ class AttentionBackendConformance(PluginConformance):
         shape = AttentionShape(self.head_dims[0], self.gqa_ratios[-1], self.block_sizes[0])
         backend = self.make_backend(plugin_cls, shape)
         self.check_case(backend, shape, decode_batch(shape.block_size))
+
+    def test_draft_positions_as_one_token_sequences_over_one_block_table(self, plugin_cls) -> None:
+        """A step verifying draft tokens (speculative decoding): one-token sequences that
+        share a block table, each seeing the keys the step writes before it."""
+        shape = AttentionShape(self.head_dims[0], self.gqa_ratios[-1], self.block_sizes[0])
+        backend = self.make_backend(plugin_cls, shape)
+        bs = shape.block_size
+        for context, num_drafts in [(3, 4), (bs - 2, 5), (2 * bs + 1, 1)]:
+            results = run_draft_case(backend, shape, context, num_drafts, device=self.device)
+            self.check_results(results, shape, torch.float32)
 
     def test_uses_the_given_scale(self, plugin_cls) -> None:
         """The softmax scale the backend is built with, not ``head_dim ** -0.5`` (models set
