@@ -311,3 +311,22 @@ def test_logit_bias_and_allowed_tokens_apply_at_every_draft_position(folder, exp
     assert got == plain
     assert plain != expected
     assert counts(llm)[0] > 0
+
+
+@pytest.mark.parametrize("method", ["oracle", "half-wrong"])
+def test_min_tokens_counts_the_drafts_before_each_row(folder, expected, method):
+    # Each request's own 5th greedy token stops it, banned for the first 4 output tokens: a
+    # step verifying positions 1..5 must ban it at rows 1..3 only (it follows 1 output and
+    # the drafts before each row), then stop at 4.
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+    params = [
+        SamplingParams(max_tokens=NUM_NEW, temperature=0.0, min_tokens=4, stop_token_ids=[t[4]])
+        for t in expected
+    ]
+    plain = [o.outputs[0].token_ids for o in LLM(model=folder).generate(prompts, params)]
+    llm = speculative_llm(folder, method)
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert got == plain
+    stops_at_4 = [t[:5] for t in expected if t[4] not in t[:4]]
+    assert stops_at_4 and all(tokens in plain for tokens in stops_at_4)
+    assert counts(llm)[0] > 0

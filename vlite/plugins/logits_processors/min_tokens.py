@@ -32,16 +32,18 @@ class MinTokens:
     token_ids: list[int]
     num_prompt_tokens: int
 
-    @property
-    def is_due(self) -> bool:
-        """Whether the output is still shorter than ``min_tokens``."""
-        return len(self.token_ids) - self.num_prompt_tokens < self.min_tokens
+    def is_due(self, ahead: int = 0) -> bool:
+        """Whether the output, with ``ahead`` tokens more, is still shorter than
+        ``min_tokens``."""
+        return len(self.token_ids) - self.num_prompt_tokens + ahead < self.min_tokens
 
 
 class MinTokensLogitsProcessor(PerRequestLogitsProcessor[MinTokens]):
     """Sets a row's EOS (unless ``ignore_eos``) and ``stop_token_ids`` to ``-inf`` while its
     request has fewer than ``min_tokens`` output tokens (vLLM's rule). Stop ids outside the
-    vocabulary (tokens the model cannot produce) are ignored."""
+    vocabulary (tokens the model cannot produce) are ignored. A request verifying draft
+    tokens has one row per draft position: its ``i``-th row counts the ``i`` drafts before
+    it as output."""
 
     #: Requests that use it (for ``LogitsProcessorConformance``).
     active_params: ClassVar[list[SamplingParams]] = [
@@ -62,7 +64,14 @@ class MinTokensLogitsProcessor(PerRequestLogitsProcessor[MinTokens]):
         return MinTokens(params.min_tokens, stop_ids, request.token_ids, request.num_prompt_tokens)
 
     def edit_rows(self, logits: torch.Tensor) -> torch.Tensor:
-        pairs = [(row, t) for row, state in self.active if state.is_due for t in state.stop_ids]
+        # A request verifying drafts has consecutive rows: its i-th follows i drafts.
+        seen: dict[int, int] = {}
+        pairs = []
+        for row, state in self.active:
+            ahead = seen.get(id(state), 0)
+            seen[id(state)] = ahead + 1
+            if state.is_due(ahead):
+                pairs += [(row, token) for token in state.stop_ids]
         if not pairs:
             return logits
         return set_to_minus_inf(logits, pairs)
