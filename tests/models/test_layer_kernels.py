@@ -115,6 +115,21 @@ def _prefill_logits(model: LlamaForCausalLM, prompt: list[int]) -> torch.Tensor:
         return model.compute_logits(hidden)
 
 
+def float_model(folder, model_cls):
+    """``model_cls`` over the tiny checkpoint in ``folder``: float32 on the CPU, the
+    ``torch`` attention backend."""
+    return build_model(
+        load_hf_config(folder),
+        model_cls,
+        TorchAttentionBackend,
+        block_size=16,
+        dtype=torch.float32,
+        device="cpu",
+        load_format="safetensors",
+        folder=folder,
+    )
+
+
 @pytest.mark.parametrize(
     "architecture,overrides",
     [
@@ -127,17 +142,7 @@ def _prefill_logits(model: LlamaForCausalLM, prompt: list[int]) -> torch.Tensor:
 def test_a_model_using_the_fused_ops_computes_its_own_logits(
     ops, tmp_path, architecture, overrides
 ):
-    folder = make_tiny_model(tmp_path, architecture, **overrides)
-    model = build_model(
-        load_hf_config(folder),
-        LlamaForCausalLM,
-        TorchAttentionBackend,
-        block_size=16,
-        dtype=torch.float32,
-        device="cpu",
-        load_format="safetensors",
-        folder=folder,
-    )
+    model = float_model(make_tiny_model(tmp_path, architecture, **overrides), LlamaForCausalLM)
     prompt = list(range(5, 40))
     expected = _prefill_logits(model, prompt)
     counting = CountingOps(ops)
@@ -178,23 +183,10 @@ def test_the_multiplier_hooks_compute_the_same_through_the_fused_ops(ops, tmp_pa
     from vlite.kernels.native import fused_ops
 
     folder = make_tiny_model(tmp_path, "LlamaForCausalLM")
-
-    def build(model_cls):
-        return build_model(
-            load_hf_config(folder),
-            model_cls,
-            TorchAttentionBackend,
-            block_size=16,
-            dtype=torch.float32,
-            device="cpu",
-            load_format="safetensors",
-            folder=folder,
-        )
-
     prompt = list(range(5, 40))
-    model = build(MultipliedLlama)
+    model = float_model(folder, MultipliedLlama)
     expected = _prefill_logits(model, prompt)
-    plain = _prefill_logits(build(LlamaForCausalLM), prompt)
+    plain = _prefill_logits(float_model(folder, LlamaForCausalLM), prompt)
     assert (expected - plain).abs().max() > 0.1  # the hooks change the model
     counting = CountingOps(ops if kernels == "triton-interpreter" else fused_ops())
     model.use_fused_ops(counting)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vlite.testing.suite_runs import run_suite_outcomes
+from vlite.testing.suite_runs import assert_caught, run_suite_outcomes
 
 HERE = Path(__file__).parent
 
@@ -54,18 +54,6 @@ class TestBrokenFormat(WeightFormatConformance):
 def run_suite(pytester: pytest.Pytester, name: str) -> dict[str, str]:
     """Test name -> passed/failed/skipped, for the suite run on broken format ``name``."""
     return run_suite_outcomes(pytester, HERE, TEST_MODULE.format(name=name))
-
-
-LOADS = "test_plugin_loads_through_a_fresh_plugin_manager"
-
-
-def assert_caught(outcomes: dict[str, str], expected: set[str], unaffected: set[str]) -> None:
-    """The tests in ``expected`` failed, those in ``unaffected`` passed."""
-    failed = {name for name, outcome in outcomes.items() if outcome == "failed"}
-    assert outcomes[LOADS] == "passed"
-    assert expected <= failed, f"missed: {expected - failed}; failed: {failed}"
-    passed = {name for name, outcome in outcomes.items() if outcome == "passed"}
-    assert unaffected <= passed, f"failed beyond the bug: {unaffected - passed}"
 
 
 def test_catches_column_shards_cut_at_the_wrong_bytes(pytester):

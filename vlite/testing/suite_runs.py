@@ -39,6 +39,22 @@ def run_suite_outcomes(pytester: Any, plugin_dir: Path, module_text: str) -> dic
     return outcomes
 
 
+#: The first test of every suite: the plugin loads through a fresh plugin manager.
+LOADS = "test_plugin_loads_through_a_fresh_plugin_manager"
+
+
+def assert_caught(
+    outcomes: dict[str, str], expected: set[str], unaffected: set[str] = frozenset()
+) -> None:
+    """A suite run on a broken plugin (``outcomes`` of :func:`run_suite_outcomes`) loaded
+    it, failed every test in ``expected`` and passed every test in ``unaffected``."""
+    failed = {name for name, outcome in outcomes.items() if outcome == "failed"}
+    assert outcomes[LOADS] == "passed"
+    assert expected <= failed, f"missed: {expected - failed}; failed: {failed}"
+    passed = {name for name, outcome in outcomes.items() if outcome == "passed"}
+    assert unaffected <= passed, f"failed beyond the bug: {unaffected - passed}"
+
+
 def check_table_rows(stdout: str) -> dict[str, str]:
     """Test name -> RESULT, from the table ``vlite plugins check`` prints under ``TEST``."""
     lines = stdout.splitlines()

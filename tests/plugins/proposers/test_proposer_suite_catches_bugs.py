@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vlite.testing.suite_runs import run_suite_outcomes
+from vlite.testing.suite_runs import assert_caught, run_suite_outcomes
 
 HERE = Path(__file__).parent
 
@@ -45,7 +45,6 @@ class TestBrokenProposer(ProposerConformance):
 {settings}
 """
 
-LOADS = "test_plugin_loads_through_a_fresh_plugin_manager"
 FORM = "test_drafts_are_lists_of_python_ints_in_the_vocabulary"
 MAX_DRAFTS = "test_no_request_gets_more_than_its_max_drafts"
 ONLY_ASKED = "test_only_the_requests_asked_get_drafts"
@@ -61,15 +60,6 @@ def run_suite(pytester: pytest.Pytester, name: str, **settings) -> dict[str, str
     (``settings``: class attributes of the test class)."""
     lines = "".join(f"    {key} = {value!r}\n" for key, value in settings.items())
     return run_suite_outcomes(pytester, HERE, TEST_MODULE.format(name=name, settings=lines))
-
-
-def assert_caught(outcomes: dict[str, str], expected: set[str], unaffected: set[str]) -> None:
-    """The tests in ``expected`` failed, those in ``unaffected`` passed."""
-    failed = {name for name, outcome in outcomes.items() if outcome == "failed"}
-    assert outcomes[LOADS] == "passed"
-    assert expected <= failed, f"missed: {expected - failed}; failed: {failed}"
-    passed = {name for name, outcome in outcomes.items() if outcome == "passed"}
-    assert unaffected <= passed, f"failed beyond the bug: {unaffected - passed}"
 
 
 def test_catches_one_draft_more_than_max_drafts(pytester):
