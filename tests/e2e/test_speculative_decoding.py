@@ -82,9 +82,12 @@ def expected(folder):
     return tokens
 
 
-def speculative_llm(folder, method, k=4, **settings):
+def speculative_llm(folder, method, k=4, lookup=None, **settings):
+    """An engine speculating with ``method`` (``lookup``: ngram's ``prompt_lookup_min``)."""
     registry = PluginRegistry(build_plugin_manager(extra_plugins=(Plugin(),)))
     spec = {"method": method, "num_speculative_tokens": k}
+    if lookup is not None:
+        spec["prompt_lookup_min"] = lookup
     return LLM(model=folder, registry=registry, speculative_config=spec, **settings)
 
 
@@ -149,8 +152,9 @@ def test_blocks_of_rejected_drafts_are_given_back(folder, expected):
 
 
 def test_the_ngram_proposer_keeps_the_tokens(folder, expected):
-    llm = speculative_llm(folder, "ngram")
+    llm = speculative_llm(folder, "ngram", lookup=1)
     assert greedy(llm) == expected
+    assert counts(llm)[0] > 0  # it drafted (single-token matches of the random prompts)
 
 
 def test_an_unknown_method_is_refused_naming_the_registered_ones(folder):

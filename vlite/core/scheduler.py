@@ -363,7 +363,8 @@ class Scheduler:
 
     @property
     def structured_outputs(self) -> StructuredOutputManager | None:
-        """The grammar manager (set by the engine; the gate's)."""
+        """The grammar manager (the gate's; given at construction, settable for code that
+        built the scheduler without one)."""
         return self.grammars.manager
 
     @structured_outputs.setter
