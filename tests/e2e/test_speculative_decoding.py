@@ -261,6 +261,9 @@ def test_drafts_and_acceptance_are_counted_as_vllm_names_them(folder, expected):
     metrics = {metric.name: value for metric, value in metric_values(totals)}
     assert metrics["spec_decode_num_draft_tokens"] == drafted
     assert metrics["spec_decode_num_accepted_tokens"] == accepted
+    # Every second draft is wrong: a step keeps its first draft or none.
+    assert metrics["spec_decode_num_accepted_tokens_per_pos"] == (accepted,)
+    assert sum(sum(record.accepted_per_position) for record in steps) == accepted
 
 
 @pytest.mark.parametrize("method", ["oracle", "half-wrong"])

@@ -86,9 +86,20 @@ def test_every_annotated_statistic_is_exposed_once():
     samples = parse(render_metrics(make_stats(), "m"))
     # Four gauges and a counter on the struct, every total, and the health gauge.
     num_totals = len(list(metric_values(StepTotals())))
-    assert num_totals == 10
-    assert len(samples) == 5 + num_totals + 1
+    assert num_totals == 11
+    # The accepted drafts per position have no series before a draft was verified.
+    assert len(samples) == 5 + num_totals - 1 + 1
     assert samples["vlite:engine_healthy"] == ("gauge", "m", 1)
+
+
+def test_accepted_drafts_per_position_are_one_series_per_position_as_vllm_names_them():
+    one = make_stats(totals=StepTotals(num_accepted_tokens_per_pos=(3, 1)))
+    other = make_stats(totals=StepTotals(num_accepted_tokens_per_pos=(2,)))
+    text = render_metrics([one, other], "m")
+    name = "vlite:spec_decode_num_accepted_tokens_per_pos_total"
+    assert f'{name}{{model_name="m",position="0"}} 5.0' in text  # the engines' sum
+    assert f'{name}{{model_name="m",position="1"}} 1.0' in text
+    assert f'{name}{{engine="1",model_name="m",position="0"}} 2.0' in text
 
 
 def test_a_dead_engine_still_gives_a_valid_answer_saying_so():

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from vlite.core.errors import PluginError
 from vlite.core.outputs import EngineCoreOutputs
-from vlite.core.proposer import DraftRequest, Proposer, SpeculativeConfig
+from vlite.core.proposer import DraftRequest, Proposer, SpeculativeConfig, WorkerProposer
 from vlite.core.request import Request, RequestStatus
 from vlite.core.sampling_params import SamplingParams
 from vlite.core.scheduler import Scheduler
@@ -65,14 +65,27 @@ class DraftSource:
         self.governor = SpeculationGovernor()
         self._known: set[str] = set()
 
-    def propose(self, outputs: EngineCoreOutputs, step: StepTiming | None = None) -> None:
+    def propose(
+        self,
+        outputs: EngineCoreOutputs,
+        step: StepTiming | None = None,
+        worker_drafts: dict[str, list[int]] | None = None,
+    ) -> None:
         """Give the running requests that may speculate their next drafts. ``step``: how
-        the step just finished went, for the :class:`SpeculationGovernor`."""
+        the step just finished went, for the :class:`SpeculationGovernor`;
+        ``worker_drafts``: the drafts the workers made in it (a :class:`WorkerProposer`'s).
+        A :class:`WorkerProposer`'s requests are also told how many drafts the workers make
+        for them in the next step (``Request.num_worker_drafts``)."""
         self._forget_ended()
         if step is not None and step.is_decode_only:
             num_tokens = sum(len(output.new_token_ids) for output in outputs.outputs)
             self.governor.record(step.seconds, num_tokens, step.had_drafts)
         running = self.scheduler.running
+        in_worker = isinstance(self.proposer, WorkerProposer)
+        if in_worker:
+            self.proposer.receive(worker_drafts or {})
+            for request in running:
+                request.num_worker_drafts = 0
         disable_at = self.config.disable_by_batch_size
         if disable_at is not None and len(running) >= disable_at:
             return
@@ -88,6 +101,9 @@ class DraftSource:
         answers = self.proposer.propose([ask for _, ask in asks.values()])
         for request_id, drafts in self._checked(answers, asks).items():
             asks[request_id][0].spec_token_ids = drafts
+        if in_worker:
+            for request, _ in asks.values():
+                request.num_worker_drafts = self.config.num_speculative_tokens
         self._known.update(asks)
 
     def _draft_request(self, request: Request) -> DraftRequest | None:

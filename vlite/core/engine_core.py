@@ -177,7 +177,10 @@ class EngineCore:
                 f"max_num_batched_tokens={limits.max_num_batched_tokens} and chunked prefill "
                 "is off (enable_chunked_prefill=True, --enable-chunked-prefill, splits it)"
             )
-        max_total = min(num_prompt + core_request.sampling_params.max_tokens, limits.max_model_len)
+        max_total = min(
+            num_prompt + core_request.sampling_params.max_tokens + limits.num_lookahead_tokens,
+            limits.max_model_len,
+        )
         step_tokens = limits.max_num_batched_tokens if self.scheduler.chunks_prefills else None
         num_blocks = self.kv_cache_manager.max_blocks_held(max_total, step_tokens)
         if num_blocks > self.kv_cache_manager.num_blocks:
@@ -277,9 +280,8 @@ class EngineCore:
         record = self._start_record(scheduler_output) if self._step_observers else None
         self.executor.execute_model(scheduler_output)
         model_runner_output = self.executor.sample_tokens()
-        accepted_before = self.scheduler.num_accepted_tokens
         outputs = self.scheduler.update_from_output(scheduler_output, model_runner_output)
-        num_accepted = self.scheduler.num_accepted_tokens - accepted_before
+        accepted = self.scheduler.last_accepted_per_position
         if self.drafts is not None:
             stats = self.scheduler.last_step_stats
             timing = StepTiming(
@@ -287,9 +289,10 @@ class EngineCore:
                 bool(scheduler_output.spec_token_ids),
                 stats is not None and stats.num_prefill_tokens == 0,
             )
-            self.drafts.propose(outputs, timing)
-        self.step_totals.add(self.scheduler.last_step_stats, outputs, num_accepted)
+            self.drafts.propose(outputs, timing, model_runner_output.draft_token_ids)
+        self.step_totals.add(self.scheduler.last_step_stats, outputs, accepted)
         if record is not None:
+            record = dataclasses.replace(record, accepted_per_position=tuple(accepted))
             for observer in self._step_observers:
                 observer(record)
         return outputs

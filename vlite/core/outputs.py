@@ -73,7 +73,9 @@ class SchedulerOutput(msgspec.Struct, array_like=True):
     requests that sample this step (``None`` when there are none). ``spec_token_ids``: the
     draft tokens of requests that verify drafts this step (speculative decoding); they are
     the last of the request's ``num_scheduled_tokens``, after its last known token, and the
-    worker samples every one of their positions.
+    worker samples every one of their positions. ``num_lookahead_tokens``: request id -> how
+    many drafts the workers make for it after this step (a draft model's, see
+    :class:`~vlite.core.proposer.WorkerProposer`), whose slots follow its scheduled ones.
     """
 
     new_requests: list[NewRequestData]
@@ -83,6 +85,7 @@ class SchedulerOutput(msgspec.Struct, array_like=True):
     num_preempted: int = 0
     grammar_bitmask: GrammarBitmask | None = None
     spec_token_ids: dict[str, list[int]] = msgspec.field(default_factory=dict)
+    num_lookahead_tokens: dict[str, int] = msgspec.field(default_factory=dict)
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -112,11 +115,13 @@ class ModelRunnerOutput(msgspec.Struct, array_like=True):
     ``sampled_token_ids[request_id]`` holds the new tokens of each request that reached the
     end of its known tokens this step; a request in the middle of its prompt is absent.
     ``logprobs[request_id]`` holds one entry per new token, for requests that asked for
-    ``logprobs``.
+    ``logprobs``. ``draft_token_ids[request_id]``: the drafts a draft model made after the
+    request's new tokens (``SchedulerOutput.num_lookahead_tokens``).
     """
 
     sampled_token_ids: dict[str, list[int]]
     logprobs: dict[str, list[SampledLogprobs]] = msgspec.field(default_factory=dict)
+    draft_token_ids: dict[str, list[int]] = msgspec.field(default_factory=dict)
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):

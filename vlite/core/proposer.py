@@ -21,10 +21,13 @@ class SpeculativeConfig(BaseModel):
     """The ``speculative_config`` setting: which proposer, and how many drafts.
 
     Attributes:
-        method: the proposer plugin's name (built in: ``ngram``, ``suffix``).
+        method: the proposer plugin's name (built in: ``ngram``, ``suffix``,
+            ``draft_model``).
         num_speculative_tokens: the most draft tokens per request and step.
         prompt_lookup_min: ``ngram``, ``suffix``: the shortest suffix of the context matched.
         prompt_lookup_max: ``ngram``, ``suffix``: the longest suffix of the context matched.
+        model: ``draft_model``: the draft model (a GGUF file, a Hugging Face folder or Hub
+            id, as ``model``), which must share the target's vocabulary.
         disable_by_batch_size: no request gets drafts in a step that starts with at least
             this many running requests (speculation costs compute a large batch can use);
             ``None``: never disabled.
@@ -36,6 +39,7 @@ class SpeculativeConfig(BaseModel):
     num_speculative_tokens: int = Field(4, ge=1, le=32)
     prompt_lookup_min: int = Field(2, ge=1)
     prompt_lookup_max: int = Field(5, ge=1)
+    model: str | None = None
     disable_by_batch_size: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
@@ -46,6 +50,24 @@ class SpeculativeConfig(BaseModel):
                 f"{self.prompt_lookup_max}; allowed: prompt_lookup_min <= prompt_lookup_max"
             )
         return self
+
+    @model_validator(mode="after")
+    def _draft_model(self) -> SpeculativeConfig:
+        if self.method == DRAFT_MODEL and self.model is None:
+            raise ValueError(
+                "method='draft_model' needs model: the draft model's GGUF file, folder or Hub "
+                "id (it must share the target's vocabulary)"
+            )
+        if self.method != DRAFT_MODEL and self.model is not None:
+            raise ValueError(
+                f"model={self.model!r} is read only by method='draft_model', not "
+                f"method={self.method!r}"
+            )
+        return self
+
+
+#: The method whose drafts a second model makes inside the workers.
+DRAFT_MODEL = "draft_model"
 
 
 @dataclass(frozen=True)
@@ -85,3 +107,30 @@ class Proposer(ABC):
 
     def finish_requests(self, request_ids: Sequence[str]) -> None:  # noqa: B027
         """``request_ids`` have ended (finished, aborted or failed). Default: nothing."""
+
+
+class WorkerProposer(Proposer):
+    """A proposer whose drafts the workers make during each step (``draft_model``: a second
+    model next to the target, see :mod:`vlite.worker.draft_model`).
+
+    The scheduler allocates the slots of the drafts the workers are asked for
+    (``Request.num_worker_drafts``, ``SchedulerOutput.num_lookahead_tokens``); the step's
+    output carries them back (``ModelRunnerOutput.draft_token_ids``), and the engine hands
+    them to :meth:`receive` before :meth:`propose` picks those of the requests asked.
+    """
+
+    def __init__(self, config: SpeculativeConfig) -> None:
+        super().__init__(config)
+        self._drafts: dict[str, list[int]] = {}
+
+    def receive(self, drafts: dict[str, list[int]]) -> None:
+        """The drafts the workers made in the step that just ended."""
+        self._drafts = drafts
+
+    def propose(self, requests: Sequence[DraftRequest]) -> dict[str, list[int]]:
+        drafts = self._drafts
+        return {
+            request.request_id: list(drafts[request.request_id][: request.max_drafts])
+            for request in requests
+            if request.request_id in drafts
+        }

@@ -94,6 +94,9 @@ class Request:
         #: Draft tokens a proposer guessed for after its last token (speculative decoding),
         #: verified in its next step.
         self.spec_token_ids: list[int] = []
+        #: Drafts the workers make for it after its next step (a draft model's; the
+        #: scheduler allocates their slots).
+        self.num_worker_drafts = 0
         #: Tokens the request knew when its cache was last computed from position 0 (see
         #: ``SchedulerLimits.recompute_past_length``).
         self.num_tokens_at_cache_start = 0

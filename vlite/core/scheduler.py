@@ -75,6 +75,9 @@ class SchedulerLimits:
             it (async scheduling on one stage, whose workers run batches in order and know
             the tokens they sampled). A request that turns out to have stopped wastes that
             one token, which nothing reads.
+        num_lookahead_tokens: the most slots a request may hold past its scheduled tokens,
+            where a draft model writes its drafts (``Request.num_worker_drafts``); admission
+            counts them.
     """
 
     max_num_seqs: int
@@ -85,6 +88,7 @@ class SchedulerLimits:
     recompute_past_length: int | None = None
     max_batches_in_flight: int = 1
     overlaps_decodes: bool = False
+    num_lookahead_tokens: int = 0
 
 
 def build_scheduler(
@@ -188,6 +192,9 @@ class Scheduler:
         #: Speculative decoding: draft tokens verified, and how many of them were kept.
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
+        #: The last update's accepted drafts per position: ``[i]`` counts the requests
+        #: whose draft ``i`` (from 0) was kept.
+        self.last_accepted_per_position: list[int] = []
         self.num_steps = 0
         self.last_step_stats: StepStats | None = None
 
@@ -468,6 +475,7 @@ class Scheduler:
             num_preempted=step.num_preempted,
             grammar_bitmask=self._grammar_bitmask(step) if self.grammars.num_structured else None,
             spec_token_ids=step.spec_token_ids,
+            num_lookahead_tokens=step.num_lookahead_tokens,
         )
 
     def _grammar_bitmask(self, step: _StepPlan) -> GrammarBitmask | None:
@@ -506,7 +514,10 @@ class Scheduler:
                 num_new += len(drafts)
             else:
                 drafts = []
-            new_block_ids = self._allocate_or_preempt(request, num_new, step, num_in_flight)
+            lookahead = self._num_lookahead(request, num_new, num_pending, num_in_flight)
+            new_block_ids = self._allocate_or_preempt(
+                request, num_new, step, num_in_flight, lookahead
+            )
             if new_block_ids is None:
                 continue
             step.cached_requests.append(
@@ -522,15 +533,36 @@ class Scheduler:
             step.add(request, num_new)
             if drafts:
                 step.spec_token_ids[request.request_id] = drafts
+            if lookahead:
+                step.num_lookahead_tokens[request.request_id] = lookahead
         step.num_waits_budget += is_budget_spent
 
+    def _num_lookahead(
+        self, request: Request, num_new: int, num_pending: int, num_in_flight: int
+    ) -> int:
+        """The drafts the workers make for a decoding request after this step (its
+        ``num_worker_drafts``), as many as fit ``max_model_len``: the step yields up to
+        ``num_new`` tokens, and each draft but the last is written to the cache."""
+        if not request.num_worker_drafts or num_pending != 1 or num_in_flight:
+            return 0
+        room = self.limits.max_model_len - request.num_computed_tokens - num_new
+        return max(min(request.num_worker_drafts, room), 0)
+
     def _allocate_or_preempt(
-        self, request: Request, num_new: int, step: _StepPlan, num_in_flight: int = 0
+        self,
+        request: Request,
+        num_new: int,
+        step: _StepPlan,
+        num_in_flight: int = 0,
+        num_lookahead: int = 0,
     ) -> list[int] | None:
-        """Blocks for ``num_new`` tokens after the request's computed and in-flight ones,
+        """Blocks for ``num_new`` tokens after the request's computed and in-flight ones
+        (and ``num_lookahead`` slots after them, where a draft model writes its drafts),
         preempting the policy's victims while they are short (``None``: it waits)."""
         while True:
-            new_block_ids = self.kv_cache_manager.allocate_slots(request, num_in_flight + num_new)
+            new_block_ids = self.kv_cache_manager.allocate_slots(
+                request, num_in_flight + num_new + num_lookahead
+            )
             if new_block_ids is not None:
                 return new_block_ids
             victim = self._checked_victim()
@@ -548,6 +580,9 @@ class Scheduler:
         self._num_kept_blocks.pop(request.request_id, None)  # its table is sent anew
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        # Its drafts follow its last token; its recompute samples one more.
+        request.spec_token_ids = []
+        request.num_worker_drafts = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
         step.num_preempted += 1
@@ -663,6 +698,7 @@ class Scheduler:
         self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
     ) -> EngineCoreOutputs:
         """Advance counters, append sampled tokens, finish and free stopped requests."""
+        self.last_accepted_per_position = []
         for request_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
             num_left = self.in_flight.pop(request_id, 0) - num_tokens
             if num_left > 0:
@@ -726,6 +762,10 @@ class Scheduler:
             )
         self.num_draft_tokens += len(drafts)
         self.num_accepted_tokens += len(tokens) - 1
+        per_position = self.last_accepted_per_position
+        per_position += [0] * (len(tokens) - 1 - len(per_position))
+        for position in range(len(tokens) - 1):
+            per_position[position] += 1
 
     def _append_until_stop(self, request: Request, token_ids: list[int]) -> list[int]:
         appended = []
@@ -787,6 +827,7 @@ class _StepPlan:
         self.admitted_ids: set[str] = set()
         self.preempted_ids: set[str] = set()
         self.spec_token_ids: dict[str, list[int]] = {}
+        self.num_lookahead_tokens: dict[str, int] = {}
 
     def add(self, request: Request, num_tokens: int) -> None:
         self.num_scheduled_tokens[request.request_id] = num_tokens
@@ -803,6 +844,7 @@ class _StepPlan:
             c for c in self.cached_requests if c.request_id != request.request_id
         ]
         self.spec_token_ids.pop(request.request_id, None)
+        self.num_lookahead_tokens.pop(request.request_id, None)
 
     def _tally(self, request: Request, num_tokens: int, sign: int) -> None:
         # Read before the step runs (and, on unschedule, before preemption resets it).

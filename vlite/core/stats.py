@@ -26,11 +26,14 @@ class Metric(NamedTuple):
 
     ``name`` is vLLM's name for the same quantity, without its prefix (a counter's
     ``_total`` suffix is added by the exposition); ``kind`` is ``"counter"`` or ``"gauge"``.
+    ``label``: the field is a tuple of values, exposed as one series per index with this
+    label (``position="0"``, ...); ``None``: one value.
     """
 
     name: str
     kind: str
     documentation: str
+    label: str | None = None
 
 
 def metric_values(stats: Any) -> Iterator[tuple[Metric, float]]:
@@ -135,11 +138,14 @@ class StepRecord:
         batch: the scheduled requests in batch order.
         requests: every request the scheduler held after scheduling (finished ones in
             their final state), read after the step: status and counters are post-step.
+        accepted_per_position: speculative decoding: ``[i]`` counts the requests whose
+            draft ``i`` the step kept.
     """
 
     stats: StepStats
     batch: list[BatchEntry]
     requests: list[Request]
+    accepted_per_position: tuple[int, ...] = ()
 
 
 @dataclass
@@ -192,17 +198,38 @@ class StepTotals:
         int,
         Metric("spec_decode_num_accepted_tokens", "counter", "Draft tokens accepted (kept)."),
     ] = 0
+    num_accepted_tokens_per_pos: Annotated[
+        tuple[int, ...],
+        Metric(
+            "spec_decode_num_accepted_tokens_per_pos",
+            "counter",
+            "Drafts accepted at each position (0: a request's first draft of a step).",
+            label="position",
+        ),
+    ] = ()
 
     def add(
-        self, stats: StepStats, outputs: EngineCoreOutputs, num_accepted_tokens: int = 0
+        self,
+        stats: StepStats,
+        outputs: EngineCoreOutputs,
+        accepted_per_position: typing.Sequence[int] = (),
     ) -> None:
         """Add one step: its :class:`StepStats`, the tokens it sampled and the drafts it
-        accepted."""
+        accepted at each position."""
         self.num_steps += 1
-        self.num_accepted_tokens += num_accepted_tokens
+        self.num_accepted_tokens += sum(accepted_per_position)
+        self.num_accepted_tokens_per_pos = add_counts(
+            self.num_accepted_tokens_per_pos, accepted_per_position
+        )
         self.num_generation_tokens += sum(len(o.new_token_ids) for o in outputs.outputs)
         for name in _SUMMED_FIELDS:
             setattr(self, name, getattr(self, name) + getattr(stats, name))
+
+
+def add_counts(a: typing.Sequence[int], b: typing.Sequence[int]) -> tuple[int, ...]:
+    """Two per-index counts summed index by index (the shorter padded with zeros)."""
+    length = max(len(a), len(b))
+    return tuple((a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(length))
 
 
 #: The StepTotals fields that sum the StepStats field of the same name.
@@ -242,7 +269,10 @@ class TraceWriter:
             }
             for entry in record.batch
         ]
-        lines = [json.dumps({"event": "step", **stats.as_dict(), "batch": batch})]
+        step = {**stats.as_dict(), "batch": batch}
+        if record.accepted_per_position:
+            step["num_accepted_tokens_per_pos"] = list(record.accepted_per_position)
+        lines = [json.dumps({"event": "step", **step})]
         for request in record.requests:
             lines.append(
                 json.dumps(

@@ -17,7 +17,8 @@ worker, process or Ray actor) exists. It checks, in order:
 - the quantization plan (``config.quantization`` for this model and device);
 - speculative decoding: the proposer is registered, and the configuration lets each
   step's drafts be verified before the next step is scheduled (one pipeline stage, no
-  async scheduling).
+  async scheduling); a draft model (``model_spec.draft``) is a registered architecture
+  sharing the model's tokenizer and reaching its context length.
 
 Each refusal is a :class:`~vlite.core.errors.ConfigError` naming the setting, its value and
 what is allowed. What it resolved comes back as a :class:`VerifiedConfig`, which the later
@@ -37,6 +38,7 @@ from vlite.core.errors import ConfigError
 from vlite.core.model import ModelDescription
 from vlite.core.model_split import check_model_split
 from vlite.core.plugins import PluginRegistry
+from vlite.core.proposer import DRAFT_MODEL
 from vlite.core.scheduler import SchedulerLimits, resolve_limits
 from vlite.core.weight_format import registered_weight_formats
 
@@ -103,6 +105,7 @@ def verify_config(
     quantization = model_spec.quantization_plan(config.quantization, config.torch_device, formats)
     if config.speculative_config is not None:
         plugins["proposer"] = check_speculative_decoding(config, registry)
+        check_draft_model(model_spec, registry)
     resolved = config.model_copy(update={"attention_backend": name})
     return VerifiedConfig(resolved, plugins, limits, quantization)
 
@@ -130,6 +133,35 @@ def check_speculative_decoding(config: VliteConfig, registry: PluginRegistry) ->
             "async_scheduling=False (--no-async-scheduling)"
         )
     return registry.get("proposer", method)
+
+
+def check_draft_model(model_spec: ModelDescription, registry: PluginRegistry) -> None:
+    """A draft model (``model_spec.draft``) must speak the target's vocabulary, reach its
+    context length and be a registered architecture: its drafts are the target's token
+    ids."""
+    draft = getattr(model_spec, "draft", None)
+    if draft is None:
+        return
+    check_architecture(registry, draft.architecture)
+    if draft.vocab_size != model_spec.vocab_size:
+        raise ConfigError(
+            f"speculative_config.model has a vocabulary of {draft.vocab_size} tokens, the "
+            f"model one of {model_spec.vocab_size}; allowed: a draft model sharing the "
+            "model's tokenizer"
+        )
+    draft_vocab, vocab = draft.load_tokenizer().get_vocab(), model_spec.load_tokenizer().get_vocab()
+    if draft_vocab != vocab:
+        differing = sorted(set(draft_vocab.items()) ^ set(vocab.items()))[:3]
+        raise ConfigError(
+            f"speculative_config.model's tokenizer differs from the model's (e.g. "
+            f"{differing}); allowed: a draft model sharing the model's tokenizer"
+        )
+    if draft.max_model_len < model_spec.max_model_len:
+        raise ConfigError(
+            f"speculative_config.model reaches {draft.max_model_len} tokens, fewer than "
+            f"max_model_len={model_spec.max_model_len}; allowed: max_model_len <= "
+            f"{draft.max_model_len}"
+        )
 
 
 def check_architecture(registry: PluginRegistry, architecture: str) -> None:
@@ -178,8 +210,17 @@ def scheduler_limits(
             enable_chunked_prefill=config.enable_chunked_prefill,
             long_prefill_token_threshold=config.long_prefill_token_threshold,
             recompute_past_length=model_spec.recompute_past_length,
+            num_lookahead_tokens=num_lookahead_tokens(config),
         ),
     )
+
+
+def num_lookahead_tokens(config: VliteConfig) -> int:
+    """The slots past a request's scheduled tokens a draft model may write its drafts to."""
+    speculative = config.speculative_config
+    if speculative is None or speculative.method != DRAFT_MODEL:
+        return 0
+    return speculative.num_speculative_tokens
 
 
 def resolve_attention(

@@ -10,6 +10,8 @@ requests that failed, a utility result, or a fatal error just before the process
 from __future__ import annotations
 
 import dataclasses
+import functools
+import operator
 from collections.abc import Sequence
 from typing import Annotated
 
@@ -18,7 +20,7 @@ import msgspec
 from vlite.core.memory import MemoryPlan
 from vlite.core.outputs import EngineCoreOutput
 from vlite.core.request import EngineCoreRequest, RequestStatus
-from vlite.core.stats import Metric, StepTotals
+from vlite.core.stats import Metric, StepTotals, add_counts
 
 # ---- front end -> engine core ---------------------------------------------------------
 
@@ -122,7 +124,10 @@ class EngineCoreStats(msgspec.Struct, array_like=True):
         used_blocks = sum(part.kv_cache_usage * part.num_kv_blocks for part in parts)
         totals = StepTotals(
             **{
-                field.name: sum(getattr(part.totals, field.name) for part in parts)
+                field.name: functools.reduce(
+                    add_counts if field.name == "num_accepted_tokens_per_pos" else operator.add,
+                    (getattr(part.totals, field.name) for part in parts),
+                )
                 for field in dataclasses.fields(StepTotals)
             }
         )

@@ -26,6 +26,7 @@ import torch
 
 from vlite.core.config import VliteConfig
 from vlite.core.errors import ConfigError
+from vlite.core.proposer import DRAFT_MODEL
 from vlite.core.weight_format import QuantizedWeight, WeightFormat
 from vlite.models.gguf import (
     gguf_hf_config,
@@ -62,6 +63,8 @@ class ModelSpec:
         max_model_len: the engine's context length.
         gguf_file: the GGUF file the model (weights, tokenizer) comes from, if any.
         tokenizer: ``VliteConfig.tokenizer``: a tokenizer to use instead of the model's.
+        draft: speculative decoding's draft model (``speculative_config.method=
+            "draft_model"``), resolved the same way; its ``max_model_len`` is its own.
     """
 
     folder: Path
@@ -69,6 +72,7 @@ class ModelSpec:
     max_model_len: int
     gguf_file: Path | None = None
     tokenizer: str | None = None
+    draft: ModelSpec | None = None
 
     @property
     def head_dim(self) -> int:
@@ -208,7 +212,20 @@ class ModelSpec:
         else:
             hf_config = load_hf_config(folder)
         max_model_len = _max_model_len(config, hf_config)
-        return cls(folder, hf_config, max_model_len, gguf_file, config.tokenizer)
+        draft = None
+        speculative = config.speculative_config
+        if speculative is not None and speculative.method == DRAFT_MODEL:
+            draft = cls.from_config(
+                config.model_copy(
+                    update={
+                        "model": speculative.model,
+                        "tokenizer": None,
+                        "max_model_len": None,
+                        "speculative_config": None,
+                    }
+                )
+            )
+        return cls(folder, hf_config, max_model_len, gguf_file, config.tokenizer, draft)
 
 
 def load_tokenizer(source: str | Path) -> Any:

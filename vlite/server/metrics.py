@@ -169,11 +169,17 @@ class _ScrapeCollector:
             return
         columns = [(labels, list(metric_values(stats))) for labels, stats in series]
         for position, (metric, _) in enumerate(columns[0][1]):
+            names = ["model_name"] + ([metric.label] if metric.label else [])
             family = _FAMILIES[metric.kind](
-                PREFIX + metric.name, metric.documentation, labels=["model_name"]
+                PREFIX + metric.name, metric.documentation, labels=names
             )
             for labels, values in columns:
-                self._add(family, labels, values[position][1])
+                value = values[position][1]
+                if metric.label is None:
+                    self._add(family, labels, value)
+                    continue
+                for index, count in enumerate(value):  # one series per index
+                    self._add(family, {**labels, metric.label: str(index)}, count)
             yield family
 
     def _labelled_statistics(self) -> list[tuple[Labels, EngineCoreStats]]:

@@ -19,6 +19,7 @@ from vlite.worker.cuda_graphs import (
     GraphCapturer,
     capture_sizes,
 )
+from vlite.worker.draft_model import DraftModel
 from vlite.worker.draft_verification import drafts_before_rows, verify_drafts
 from vlite.worker.grammar_mask import apply_grammar_bitmask
 from vlite.worker.input_batch import CachedRequestState, ModelInputs, prepare_inputs
@@ -41,6 +42,8 @@ class ModelRunner:
         device: where inputs are built.
         logits_processors: run on the sampled rows' logits before the sampler (default:
             none).
+        draft_model: speculative decoding's draft model, run after each step's sampling
+            (:mod:`vlite.worker.draft_model`; default: none).
     """
 
     def __init__(
@@ -50,8 +53,10 @@ class ModelRunner:
         block_size: int,
         device: torch.device,
         logits_processors: LogitsProcessorPipeline | None = None,
+        draft_model: DraftModel | None = None,
     ) -> None:
         self.model = model
+        self.draft_model = draft_model
         self.sampler = sampler
         self.logits_processors = logits_processors or LogitsProcessorPipeline([])
         self.block_size = block_size
@@ -69,16 +74,20 @@ class ModelRunner:
         self.pipeline: PipelineParallelGroup = getattr(model, "pp_group", SINGLE_STAGE)
         #: Captured decode forwards (:meth:`capture_decode_graphs`; ``None``: all eager).
         self.decode_graphs: DecodeGraphs | None = None
+        #: The last step's scheduled requests and the drafts asked of each (a draft model's).
+        self._drafting: tuple[list[CachedRequestState], dict[str, int]] = ([], {})
 
     def initialize_kv_cache(self, num_blocks: int, dtype: torch.dtype) -> None:
         shape = self.model.attention.kv_cache_shape(num_blocks)
         if self.device.type == "cpu":  # resident as its blocks are first written
             self.kv_caches = [lazily_zeroed(shape, dtype) for _ in range(self.model.num_layers)]
-            return
-        self.kv_caches = [
-            torch.zeros(shape, dtype=dtype, device=self.device)
-            for _ in range(self.model.num_layers)
-        ]
+        else:
+            self.kv_caches = [
+                torch.zeros(shape, dtype=dtype, device=self.device)
+                for _ in range(self.model.num_layers)
+            ]
+        if self.draft_model is not None:
+            self.draft_model.runner.initialize_kv_cache(num_blocks, dtype)
 
     @torch.inference_mode()
     def capture_decode_graphs(
@@ -111,6 +120,8 @@ class ModelRunner:
 
     def update_states(self, scheduler_output: SchedulerOutput) -> None:
         """Apply the scheduler's diff to the per-request state."""
+        if self.draft_model is not None:
+            self.draft_model.update_states(scheduler_output)
         for request_id in scheduler_output.finished_request_ids:
             self.requests.pop(request_id, None)
             self.logits_processors.remove_request(request_id)
@@ -152,9 +163,11 @@ class ModelRunner:
         inputs = prepare_inputs(
             states, num_scheduled, self.block_size, self.device, self.input_buffers, drafts
         )
-        hidden = self._forward(inputs)
+        hidden = self.forward(inputs)
         for state, num_tokens in zip(states, num_scheduled):
             state.num_computed_tokens += num_tokens
+        if self.draft_model is not None:
+            self._drafting = (states, scheduler_output.num_lookahead_tokens)
         if not self.pipeline.is_last:  # handed on: the last stage samples
             self.pipeline.send(hidden)
             self._pending = None
@@ -162,7 +175,7 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
         self._pending = (inputs, logits, scheduler_output.grammar_bitmask, drafts)
 
-    def _forward(self, inputs: ModelInputs) -> torch.Tensor | list[torch.Tensor]:
+    def forward(self, inputs: ModelInputs) -> torch.Tensor | list[torch.Tensor]:
         """The model over the step's tokens: hidden states ``[T, hidden]`` (on a stage
         before the last, the tensors for the next stage)."""
         args = (inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata)
@@ -186,10 +199,26 @@ class ModelRunner:
         """Sample one token for every sequence that reached its end in the last forward."""
         return self.sample_tokens_deferred().result()
 
-    @torch.inference_mode()
     def sample_tokens_deferred(self) -> Future[ModelRunnerOutput]:
         """:meth:`sample_tokens`, its tokens left on the device until ``result()`` (see
-        :mod:`vlite.worker.sampled_tokens`); the next step may run meanwhile."""
+        :mod:`vlite.worker.sampled_tokens`); the next step may run meanwhile. With a draft
+        model, the draft then runs over the step (:mod:`vlite.worker.draft_model`) and its
+        drafts come with the tokens."""
+        sampled = self._sample_tokens()
+        if self.draft_model is None:
+            return sampled
+        output = sampled.result()
+        states, num_drafts = self._drafting
+        self._drafting = ([], {})
+        output.draft_token_ids = self.draft_model.propose(
+            states, set(output.sampled_token_ids), num_drafts
+        )
+        done: Future[ModelRunnerOutput] = Future()
+        done.set_result(output)
+        return done
+
+    @torch.inference_mode()
+    def _sample_tokens(self) -> Future[ModelRunnerOutput]:
         if self._pending is None:
             return self._nothing_sampled()
         inputs, logits, grammar_bitmask, drafts = self._pending

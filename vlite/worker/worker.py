@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from concurrent.futures import Future
+from typing import Any
 
 import torch
 
@@ -30,6 +31,7 @@ from vlite.worker.cpu_threads import (
     use_cpu_threads,
 )
 from vlite.worker.cuda_graphs import CaptureReport, CudaGraphCapturer
+from vlite.worker.draft_model import DraftModel
 from vlite.worker.logits_processors import LogitsProcessorPipeline
 from vlite.worker.model_runner import ModelRunner
 
@@ -87,7 +89,6 @@ class Worker:
 
     def load_model(self) -> None:
         spec = self.model_spec
-        model_cls = self.registry.get("model", spec.architecture)
         # The engine's configuration phase (vlite.core.verify) resolved "auto" and checked
         # the backend's limits; this finds the class and asks it whether it runs on this
         # worker's own device (a Ray rank's node may lack a package the engine's has).
@@ -106,6 +107,20 @@ class Worker:
             self.device,
             registered_weight_formats(self.registry, self.config),
         )
+        model = self._build_model(spec, attn_backend_cls, self.quantization)
+        sampler = self.registry.get("sampler", self.config.sampler)()
+        self.model_runner = ModelRunner(
+            model,
+            sampler,
+            self.config.block_size,
+            self.device,
+            self._logits_processors(),
+            self._load_draft_model(attn_backend_cls),
+        )
+
+    def _build_model(self, spec: ModelSpec, attn_backend_cls: type, quantization) -> Any:
+        """``spec``'s model on this worker's device, rank and stage."""
+        model_cls = self.registry.get("model", spec.architecture)
         model = build_model(
             spec.hf_config,
             model_cls,
@@ -114,17 +129,29 @@ class Worker:
             dtype=self.dtype,
             device=self.device,
             load_format=self.config.load_format,
-            weights=spec.iter_weights(formats=self.quantization.formats, model_cls=model_cls),
+            weights=spec.iter_weights(formats=quantization.formats, model_cls=model_cls),
             tp_group=self.tp_group,
             pp_group=self.pp_group,
         )
         limit_rotary_positions(model, self.longest_sequence())
         if self.device.type == "cuda" and hasattr(model, "use_fused_ops"):
             model.use_fused_ops(load_fused_ops(self.device))  # one kernel per norm, RoPE, SwiGLU
-        sampler = self.registry.get("sampler", self.config.sampler)()
-        self.model_runner = ModelRunner(
-            model, sampler, self.config.block_size, self.device, self._logits_processors()
+        return model
+
+    def _load_draft_model(self, attn_backend_cls: type) -> DraftModel | None:
+        """Speculative decoding's draft model (``model_spec.draft``), with the same
+        attention backend and quantization setting as the target; ``None`` without one."""
+        draft = self.model_spec.draft
+        if draft is None:
+            return None
+        quantization = draft.quantization_plan(
+            self.config.quantization,
+            self.device,
+            registered_weight_formats(self.registry, self.config),
         )
+        model = self._build_model(draft, attn_backend_cls, quantization)
+        runner = ModelRunner(model, None, self.config.block_size, self.device)
+        return DraftModel(runner, self.model_spec.vocab_size)
 
     def _logits_processors(self) -> LogitsProcessorPipeline:
         """Every registered logits processor, on the stage that samples (the last)."""
@@ -147,15 +174,23 @@ class Worker:
             raise RuntimeError("Worker.load_model() must run before the worker is used")
         return self.model_runner
 
+    def _models(self) -> list[torch.nn.Module]:
+        """The model, and the draft model if there is one."""
+        draft = self.runner.draft_model
+        return [self.runner.model] + ([draft.runner.model] if draft is not None else [])
+
     def kv_cache_bytes_per_block(self) -> int:
-        """Bytes of one KV-cache block over this worker's layers (and heads)."""
-        model = self.runner.model
-        shape = model.attention.kv_cache_shape(1)
-        return model.num_layers * int(torch.Size(shape).numel()) * self.dtype.itemsize
+        """Bytes of one KV-cache block over this worker's layers (and heads), the draft
+        model's included (its cache has as many blocks)."""
+        total = 0
+        for model in self._models():
+            shape = model.attention.kv_cache_shape(1)
+            total += model.num_layers * int(torch.Size(shape).numel()) * self.dtype.itemsize
+        return total
 
     def weights_bytes(self) -> int:
-        """Bytes this worker's model holds (see :func:`model_weights_bytes`)."""
-        return model_weights_bytes(self.runner.model)
+        """Bytes this worker's models hold (see :func:`model_weights_bytes`)."""
+        return sum(model_weights_bytes(model) for model in self._models())
 
     def memory_report(self) -> WorkerMemory:
         """What this worker holds: its weights and one KV-cache block."""
@@ -249,27 +284,37 @@ class Worker:
         """Record the C calls of decode steps of up to :data:`CPU_REPLAY_MAX_SEQS` sequences
         (padded to 1, 2, 4, 8, 16: a few rows more cost little in products that stream the
         weights once), when the model's forward computes in the C kernels only (see
-        :mod:`vlite.worker.cpu_graphs`)."""
-        reason = self.cpu_replay_unavailable_reason()
+        :mod:`vlite.worker.cpu_graphs`); the draft model's too, if there is one."""
+        report = self._record_cpu_decode_steps_of(self.runner, "")
+        if report is not None:
+            self.cuda_graph_report = report
+        draft = self.runner.draft_model
+        if draft is not None:
+            self._record_cpu_decode_steps_of(draft.runner, "draft model: ")
+
+    def _record_cpu_decode_steps_of(self, runner: ModelRunner, label: str) -> CaptureReport | None:
+        reason = self.cpu_replay_unavailable_reason(runner.model)
         if reason is None:
             try:
-                report = self.runner.capture_decode_graphs(
+                report = runner.capture_decode_graphs(
                     min(self.config.max_num_seqs, CPU_REPLAY_MAX_SEQS),
                     self.model_spec.max_model_len,
                     NativeCallCapturer(),
                 )
             except NotCapturable as error:
-                self.runner.decode_graphs = None
+                runner.decode_graphs = None
                 reason = str(error)
             else:
-                self.cuda_graph_report = report
-                print(report.describe(), file=sys.stderr, flush=True)
-                return
-        print(f"CPU step replay: off ({reason})", file=sys.stderr, flush=True)
+                print(f"{label}{report.describe()}", file=sys.stderr, flush=True)
+                return report
+        print(f"{label}CPU step replay: off ({reason})", file=sys.stderr, flush=True)
+        return None
 
-    def cpu_replay_unavailable_reason(self) -> str | None:
-        """Why this worker's CPU decode steps cannot be recorded (``None``: try)."""
-        if getattr(self.runner.model, "native_ops", None) is None:
+    def cpu_replay_unavailable_reason(self, model: torch.nn.Module | None = None) -> str | None:
+        """Why this worker's CPU decode steps of ``model`` (default: the model) cannot be
+        recorded (``None``: try)."""
+        model = model if model is not None else self.runner.model
+        if getattr(model, "native_ops", None) is None:
             return "the model does not compute with the C kernels"
         if self.attention_backend_name != "cpu":
             # Only vlite's C calls are recorded: a backend computing otherwise (the Triton
@@ -277,7 +322,7 @@ class Worker:
             return f"attention backend {self.attention_backend_name!r} is not the C kernel 'cpu'"
         if self.tp_group.is_parallel or self.pp_group.num_stages > 1:
             return "not recorded with tensor or pipeline parallelism"
-        return getattr(self.runner.model, "replay_unavailable_reason", None)
+        return getattr(model, "replay_unavailable_reason", None)
 
     def cuda_graphs_unavailable_reason(self) -> str | None:
         """Why this worker's decode steps cannot be captured (``None``: they can)."""
