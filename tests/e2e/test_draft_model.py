@@ -13,12 +13,20 @@ import pytest
 
 from vlite import LLM, SamplingParams
 from vlite.core.errors import ConfigError
+from vlite.core.speculation_governor import SpeculationGovernor
 from vlite.testing.engine_runs import cached_tiny_model
 
 NUM_NEW = 20
 GREEDY = SamplingParams(max_tokens=NUM_NEW, temperature=0.0, ignore_eos=True)
 rng = random.Random(1)
 PROMPTS = [[rng.randrange(4, 300) for _ in range(n)] for n in (3, 9, 17, 30)]
+
+
+@pytest.fixture(autouse=True)
+def every_step_drafts(monkeypatch):
+    """The governor's pauses depend on timing (tests/core/test_speculation_governor.py tests
+    them); here every step drafts, so counts are exact."""
+    monkeypatch.setattr(SpeculationGovernor, "allows_drafts", lambda self: True)
 
 
 @pytest.fixture(scope="module")

@@ -40,12 +40,14 @@ def may_speculate(params: SamplingParams) -> bool:
 
 @dataclass(frozen=True)
 class StepTiming:
-    """How a finished step went: its wall time, whether it verified drafts, and whether it
-    computed decode tokens only (no prompt tokens)."""
+    """How a finished step went: its wall time, whether it verified drafts, whether it
+    computed decode tokens only (no prompt tokens), and whether the workers drafted in it
+    (a :class:`WorkerProposer`'s drafts)."""
 
     seconds: float
     had_drafts: bool
     is_decode_only: bool
+    made_drafts: bool = False
 
 
 class DraftSource:
@@ -77,11 +79,17 @@ class DraftSource:
         A :class:`WorkerProposer`'s requests are also told how many drafts the workers make
         for them in the next step (``Request.num_worker_drafts``)."""
         self._forget_ended()
-        if step is not None and step.is_decode_only:
+        in_worker = isinstance(self.proposer, WorkerProposer)
+        # A worker proposer's steps either verify and draft, or neither; the step on either
+        # side of a pause does one of the two, and is like neither kind.
+        if (
+            step is not None
+            and step.is_decode_only
+            and (not in_worker or step.had_drafts == step.made_drafts)
+        ):
             num_tokens = sum(len(output.new_token_ids) for output in outputs.outputs)
             self.governor.record(step.seconds, num_tokens, step.had_drafts)
         running = self.scheduler.running
-        in_worker = isinstance(self.proposer, WorkerProposer)
         if in_worker:
             self.proposer.receive(worker_drafts or {})
             for request in running:

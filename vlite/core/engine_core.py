@@ -288,6 +288,7 @@ class EngineCore:
                 time.perf_counter() - started,
                 bool(scheduler_output.spec_token_ids),
                 stats is not None and stats.num_prefill_tokens == 0,
+                bool(scheduler_output.num_lookahead_tokens),
             )
             self.drafts.propose(outputs, timing, model_runner_output.draft_token_ids)
         self.step_totals.add(self.scheduler.last_step_stats, outputs, accepted)

@@ -6,11 +6,11 @@ request's block table is the target's, so the scheduler's allocation, prefix cac
 preemption and the release of rejected drafts' blocks govern both caches. In every step,
 after the target samples, the draft computes
 
-1. what it has not yet computed of each scheduled request's known tokens: the prompt
-   chunk the target computed, the accepted drafts it did not write itself, and for a
-   request that drafts, the token the step sampled. Every token the target computes is then
-   in the draft's cache by the end of its step, so a block the prefix cache publishes holds
-   the draft's keys too, and a prefix hit serves both models;
+1. what it has not yet computed of the known tokens of each scheduled request that is in
+   its prompt or drafts this step: the prompt chunk the target computed (so a prompt is
+   chunked alike for both), the tokens of steps it sat out, the accepted drafts it did not
+   write itself, and for a request that drafts, the token the step sampled. A decoding
+   request that does not draft (speculation paused, or not for it) costs the draft nothing;
 2. for each request that drafts (``SchedulerOutput.num_lookahead_tokens``), its drafts one
    forward at a time, each the argmax of the draft's logits (greedy: the drafts carry no
    distribution, and verification keeps exactly the target's, see
@@ -20,13 +20,18 @@ after the target samples, the draft computes
 The draft remembers, per request, how many positions of its cache hold the request's
 tokens (``valid``) and which drafts it wrote after them; the next step keeps those the target
 accepted. A request whose blocks were given back (rejected drafts'), or that was preempted,
-counts only the positions its kept blocks hold.
+counts only the positions its kept blocks hold. Per block, it remembers whether it filled
+the block for the tokens the target's block holds: a prefix hit counts for the draft as far
+as its blocks are filled (the draft computes the rest itself, the same keys at the same
+places another request's draft would write), and a block the scheduler hands out afresh is
+not filled until the draft writes all of it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from vlite.core.outputs import SchedulerOutput
@@ -79,18 +84,36 @@ class DraftModel:
         self.block_size: int = runner.block_size
         self.buffers = InputBuffers(runner.device)
         self._caches: dict[str, _DraftCache] = {}
+        #: ``[num_blocks]``: whether the draft filled the block for the tokens it holds.
+        self._filled = np.zeros(0, dtype=bool)
+
+    def initialize_kv_cache(self, num_blocks: int, dtype: torch.dtype) -> None:
+        self.runner.initialize_kv_cache(num_blocks, dtype)
+        self._filled = np.zeros(num_blocks, dtype=bool)
 
     def update_states(self, scheduler_output: SchedulerOutput) -> None:
-        """Forget finished requests and what the scheduler took back from the others."""
+        """Forget finished requests and what the scheduler took back from the others; count
+        the filled blocks of prefix hits."""
         for request_id in scheduler_output.finished_request_ids:
             self._caches.pop(request_id, None)
-        for new in scheduler_output.new_requests:  # its cached prefix holds the draft's keys
-            self._caches[new.request_id] = _DraftCache(new.num_computed_tokens)
+        for new in scheduler_output.new_requests:
+            self._start(new.request_id, new.block_ids, new.num_computed_tokens)
         for cached in scheduler_output.cached_requests:
             if cached.is_resumed or cached.request_id not in self._caches:
-                self._caches[cached.request_id] = _DraftCache(cached.num_computed_tokens)
-            elif cached.num_kept_blocks is not None:  # positions past them were given back
+                self._start(cached.request_id, cached.new_block_ids, cached.num_computed_tokens)
+                continue
+            if cached.num_kept_blocks is not None:  # positions past them were given back
                 self._keep_positions(cached.request_id, cached.num_kept_blocks * self.block_size)
+            self._filled[cached.new_block_ids] = False
+
+    def _start(self, request_id: str, block_ids: list[int], num_cached: int) -> None:
+        """A request (re)starts over ``block_ids``, whose first ``num_cached`` tokens are
+        prefix hits: valid as far as the draft filled those blocks."""
+        num_hit_blocks = num_cached // self.block_size
+        filled = self._filled[block_ids[:num_hit_blocks]]
+        num_filled = num_hit_blocks if filled.all() else int(np.argmin(filled))
+        self._filled[block_ids[num_hit_blocks:]] = False
+        self._caches[request_id] = _DraftCache(num_filled * self.block_size)
 
     def _keep_positions(self, request_id: str, num_positions: int) -> None:
         cache = self._caches[request_id]
@@ -116,7 +139,11 @@ class DraftModel:
             request id -> its drafts, for the requests in ``sampled`` that wanted some.
         """
         drafting = [s for s in states if num_drafts.get(s.request_id) and s.request_id in sampled]
-        drafts = self._catch_up(states, {s.request_id for s in drafting})
+        drafting_ids = {s.request_id for s in drafting}
+        # Prompts are computed alike; a decoding request that does not draft sits it out.
+        drafts = self._catch_up(
+            [s for s in states if s.request_id in drafting_ids or _in_prompt(s)], drafting_ids
+        )
         for round_index in range(1, max((num_drafts[s.request_id] for s in drafting), default=0)):
             going = [s for s in drafting if num_drafts[s.request_id] > round_index]
             self._draft_one_more(going, drafts)
@@ -132,6 +159,7 @@ class DraftModel:
         inputs, counts = [], []
         for state in states:
             cache = self._caches[state.request_id]
+            start = cache.valid
             self._keep_accepted(cache, state.token_ids)
             if state.request_id in drafting:
                 end = len(state.token_ids)
@@ -141,6 +169,7 @@ class DraftModel:
             if end > cache.valid:
                 inputs.append(self._input(state, cache, state.token_ids))
                 counts.append(end - cache.valid)
+                self._mark_filled(state.block_ids, min(start, cache.valid), end)
                 cache.valid = end
                 cache.written = []
         if not inputs:
@@ -200,6 +229,12 @@ class DraftModel:
         tokens = logits[:, : self.vocab_size].argmax(dim=-1).tolist()
         return dict(zip(batch.sampled_request_ids, tokens))
 
+    def _mark_filled(self, block_ids: list[int], start: int, end: int) -> None:
+        """Positions ``[start, end)`` of the request over ``block_ids`` are being written
+        (``[0, start)`` hold its tokens already): the blocks they complete are filled."""
+        first, last = start // self.block_size, end // self.block_size
+        self._filled[block_ids[first:last]] = True
+
     @staticmethod
     def _keep_accepted(cache: _DraftCache, token_ids: list[int]) -> None:
         """Count the drafts written after ``valid`` that are now the request's tokens."""
@@ -210,3 +245,9 @@ class DraftModel:
             kept += 1
         cache.valid += kept
         cache.written = []
+
+
+def _in_prompt(state: CachedRequestState) -> bool:
+    """Whether the step computed prompt tokens of the request (``num_computed_tokens`` is
+    the count after the step)."""
+    return state.num_computed_tokens <= state.num_prompt_tokens

@@ -87,7 +87,7 @@ class ModelRunner:
                 for _ in range(self.model.num_layers)
             ]
         if self.draft_model is not None:
-            self.draft_model.runner.initialize_kv_cache(num_blocks, dtype)
+            self.draft_model.initialize_kv_cache(num_blocks, dtype)
 
     @torch.inference_mode()
     def capture_decode_graphs(
