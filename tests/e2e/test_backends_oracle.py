@@ -1,4 +1,5 @@
-"""The correctness oracle for the ``triton`` and ``flash`` attention backends.
+"""The correctness oracle for the ``triton`` and ``flash`` attention backends, and for
+speculative decoding on every architecture.
 
 Greedy float32 tokens through ``LLM(attention_backend=...)`` equal ``transformers``'
 ``generate``, on tiny random models (GQA with tied embeddings, MHA with untied ones; one
@@ -85,6 +86,17 @@ def tiny_case(request, tmp_path_factory):
         prompts.append(tokens)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     return folder, prompts, hf_greedy(model, prompts, NUM_NEW_TOKENS)
+
+
+def test_tiny_models_with_speculative_decoding(tiny_case):
+    """Every architecture verifies drafts exactly: the model drafting for itself (drafts
+    right but for float noise) keeps transformers' tokens, through the prefix cache too."""
+    folder, prompts, expected = tiny_case
+    spec = {"method": "draft_model", "model": str(folder), "num_speculative_tokens": 3}
+    llm = LLM(model=str(folder), speculative_config=spec, num_kv_blocks=48)
+    assert vlite_greedy(llm, prompts, NUM_NEW_TOKENS) == expected
+    assert vlite_greedy(llm, prompts, NUM_NEW_TOKENS) == expected
+    assert llm.llm_engine.engine_core.scheduler.num_accepted_tokens > 0
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

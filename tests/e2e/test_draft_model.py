@@ -94,6 +94,24 @@ def test_with_the_schedulers_mechanisms(target, expected, settings):
         assert llm.llm_engine.engine_core.scheduler.num_preemptions > 0
 
 
+@pytest.mark.parametrize("draft", ["target", "other"])
+def test_with_a_grammar(target, other_draft, draft):
+    """The draft knows no grammar: its drafts are cut where the grammar refuses them (here
+    a grammar of any text but special tokens, which the random models' drafts often are)."""
+    params = SamplingParams(
+        max_tokens=30, temperature=0.0, structured_outputs={"regex": "(.|\\n){0,200}"}
+    )
+    prompt = [{"prompt_token_ids": PROMPTS[2]}]
+    plain = LLM(model=target).generate(prompt, params, use_tqdm=False)[0].outputs[0]
+    llm = drafting_llm(target, target if draft == "target" else other_draft)
+    output = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0]
+    assert output.token_ids == plain.token_ids
+    drafted, accepted, _ = counts(llm)
+    assert drafted > 0
+    if draft == "target":
+        assert accepted > 0
+
+
 def test_with_tensor_parallelism(target, other_draft, expected):
     llm = drafting_llm(target, target, executor="multiproc", tensor_parallel_size=2)
     try:

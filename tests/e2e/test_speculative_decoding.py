@@ -337,3 +337,36 @@ def test_min_tokens_counts_the_drafts_before_each_row(folder, expected, method):
     stops_at_4 = [t[:5] for t in expected if t[4] not in t[:4]]
     assert stops_at_4 and all(tokens in plain for tokens in stops_at_4)
     assert counts(llm)[0] > 0
+
+
+# ---- structured outputs: one mask per draft position ----------------------------------
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+GRAMMAR_PROMPT = [7, 11, 13, 17, 19]
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+@pytest.mark.parametrize("method", ["oracle", "half-wrong"])
+def test_with_a_grammar_each_draft_position_has_its_own_mask(folder, method, backend):
+    params = SamplingParams(
+        max_tokens=60, temperature=0.0, structured_outputs={"json": PERSON, "backend": backend}
+    )
+    prompt = [{"prompt_token_ids": GRAMMAR_PROMPT}]
+    plain = LLM(model=folder).generate(prompt, params, use_tqdm=False)[0].outputs[0]
+    CONTINUATIONS[tuple(GRAMMAR_PROMPT)] = list(plain.token_ids)  # what the oracle drafts
+    llm = speculative_llm(folder, method)
+    output = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0]
+    assert output.token_ids == plain.token_ids
+    assert output.finish_reason == plain.finish_reason == "stop"  # the grammar ended it
+    drafted, accepted, _ = counts(llm)
+    assert accepted > 0
+    if method == "oracle":
+        assert accepted == drafted

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vlite.core.errors import PluginError
+from vlite.core.grammar_gate import drafts_the_grammar_accepts
 from vlite.core.outputs import EngineCoreOutputs
 from vlite.core.proposer import DraftRequest, Proposer, SpeculativeConfig, WorkerProposer
 from vlite.core.request import Request, RequestStatus
@@ -30,12 +31,7 @@ def may_speculate(params: SamplingParams) -> bool:
     edits that read the tokens before a row (bad words, a grammar, a plugin's processor
     through ``extra_args``) would take it for the request's next token, so requests that use
     one do not speculate (``min_tokens`` counts the drafts before each row itself)."""
-    return not (
-        params.bad_words
-        or params.bad_words_token_ids
-        or params.structured_outputs is not None
-        or params.extra_args
-    )
+    return not (params.bad_words or params.bad_words_token_ids or params.extra_args)
 
 
 @dataclass(frozen=True)
@@ -108,7 +104,10 @@ class DraftSource:
             return
         answers = self.proposer.propose([ask for _, ask in asks.values()])
         for request_id, drafts in self._checked(answers, asks).items():
-            asks[request_id][0].spec_token_ids = drafts
+            request = asks[request_id][0]
+            if request.structured_output is not None and drafts:
+                drafts = drafts_the_grammar_accepts(request, drafts)
+            request.spec_token_ids = drafts
         if in_worker:
             for request, _ in asks.values():
                 request.num_worker_drafts = self.config.num_speculative_tokens

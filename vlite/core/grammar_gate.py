@@ -79,9 +79,28 @@ class GrammarGate:
         if request.structured_output is not None:
             self.num_structured -= 1
 
-    def bitmask(self, rows: list[tuple[str, StructuredOutputRequest]]) -> GrammarBitmask | None:
-        """The step's masks: one row per ``(request id, grammar)`` that samples this step."""
-        return self.manager.grammar_bitmask(rows)
+    def bitmask(
+        self,
+        rows: list[tuple[str, StructuredOutputRequest]],
+        drafts: dict[str, list[int]] | None = None,
+    ) -> GrammarBitmask | None:
+        """The step's masks: one row per ``(request id, grammar)`` that samples this step,
+        and one more per draft it verifies."""
+        return self.manager.grammar_bitmask(rows, drafts)
+
+
+def drafts_the_grammar_accepts(request: Request, drafts: list[int]) -> list[int]:
+    """The longest prefix of ``drafts`` the request's grammar accepts after its tokens (a
+    draft it refuses could never be sampled, nor any after it); the grammar is left as it
+    was."""
+    matcher = request.structured_output.matcher
+    kept = 0
+    for token in drafts:
+        if not matcher.accept_token(token):
+            break
+        kept += 1
+    matcher.rollback(kept)
+    return drafts[:kept]
 
 
 def grammar_ends(request: Request, token_id: int) -> bool:

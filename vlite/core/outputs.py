@@ -57,7 +57,9 @@ class GrammarBitmask(msgspec.Struct, array_like=True):
 
     ``data`` holds ``int32 [len(request_ids), ceil(vocab_size / 32)]`` (native byte order),
     row ``i`` for ``request_ids[i]``: bit ``b`` of word ``w`` is set when token ``32w + b``
-    is allowed (see :mod:`vlite.core.structured_output`).
+    is allowed (see :mod:`vlite.core.structured_output`). A request that verifies ``d``
+    drafts has ``d + 1`` rows in a run, one per sampled row (row ``i`` after its first ``i``
+    drafts).
     """
 
     request_ids: list[str]

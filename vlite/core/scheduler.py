@@ -487,7 +487,7 @@ class Scheduler:
             grammar = request.structured_output
             if grammar is not None and request.num_computed_tokens + num_new >= request.num_tokens:
                 rows.append((request_id, grammar))
-        return self.grammars.bitmask(rows)
+        return self.grammars.bitmask(rows, step.spec_token_ids)
 
     def _schedule_running(self, step: _StepPlan) -> None:
         is_budget_spent = False

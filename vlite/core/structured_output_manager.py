@@ -178,17 +178,37 @@ class StructuredOutputManager:
     # ---- each step -----------------------------------------------------------------
 
     def grammar_bitmask(
-        self, rows: list[tuple[str, StructuredOutputRequest]]
+        self,
+        rows: list[tuple[str, StructuredOutputRequest]],
+        drafts: dict[str, list[int]] | None = None,
     ) -> GrammarBitmask | None:
-        """The bitmask of the structured requests that sample this step, one row each in
-        the given order (``(request_id, its grammar)``); ``None`` for none."""
+        """The bitmask of the structured requests that sample this step, in the given order
+        (``(request_id, its grammar)``); ``None`` for none. A request verifying ``drafts``
+        gets one row per draft and one more: row ``i`` after its first ``i`` drafts (the
+        grammar walks them and rolls back; the drafts must be ones it accepts)."""
         if not rows:
             return None
-        bitmask = allocate_bitmask(len(rows), self.vocab_size)
-        for row, (_, request) in enumerate(rows):
-            request.matcher.fill_bitmask(bitmask, row)
+        drafts = drafts or {}
+        request_ids = [
+            request_id for request_id, _ in rows for _ in range(len(drafts.get(request_id, ())) + 1)
+        ]
+        bitmask = allocate_bitmask(len(request_ids), self.vocab_size)
+        row = 0
+        for request_id, request in rows:
+            matcher = request.matcher
+            own = drafts.get(request_id, ())
+            matcher.fill_bitmask(bitmask, row)
+            for index, token in enumerate(own):
+                if not matcher.accept_token(token):
+                    raise RuntimeError(
+                        f"request {request_id!r}: its grammar refuses draft {token} at position "
+                        f"{index} (drafts are cut where the grammar refuses them)"
+                    )
+                matcher.fill_bitmask(bitmask, row + index + 1)
+            matcher.rollback(len(own))
+            row += len(own) + 1
         data = np.ascontiguousarray(bitmask.numpy()).tobytes()
-        return GrammarBitmask([request_id for request_id, _ in rows], data)
+        return GrammarBitmask(request_ids, data)
 
     def shutdown(self) -> None:
         if self._pool is not None:

@@ -218,7 +218,12 @@ class DraftModel:
                     f"{item.num_computed_tokens + count - 1} but the request holds "
                     f"{len(item.block_ids)} blocks (its lookahead slots were not allocated)"
                 )
-        batch = prepare_inputs(inputs, counts, self.block_size, self.runner.device, self.buffers)
+        # A few tokens compute as one-token sequences: a decode step, replayed if recorded.
+        graphs = self.runner.decode_graphs
+        as_decodes = graphs is not None and graphs.padded_size(sum(counts)) is not None
+        batch = prepare_inputs(
+            inputs, counts, self.block_size, self.runner.device, self.buffers, None, as_decodes
+        )
         for item in inputs:
             self._caches[item.request_id].num_tokens_at_cache_start = item.num_tokens_at_cache_start
         if not batch.sampled_request_ids:

@@ -17,20 +17,30 @@ def apply_grammar_bitmask(
     Args:
         logits: ``[rows, vocab_size]``, row ``i`` sampled for ``row_request_ids[i]``.
         row_request_ids: the request of each row.
-        bitmask: one packed row per structured request that samples this step.
+        bitmask: one packed row per sampled row of each structured request that samples
+            this step (a request that verifies drafts has several: its rows in order).
 
     Raises:
-        RuntimeError: the bitmask names a request that does not sample this step (the core
-            and the worker disagree: a bug).
+        RuntimeError: the bitmask's rows do not match the rows sampled (the core and the
+            worker disagree: a bug).
     """
-    row_of = {request_id: row for row, request_id in enumerate(row_request_ids)}
-    missing = [rid for rid in bitmask.request_ids if rid not in row_of]
-    if missing:
-        raise RuntimeError(f"grammar bitmask rows for requests that do not sample: {missing}")
+    rows_of: dict[str, list[int]] = {}
+    for row, request_id in enumerate(row_request_ids):
+        rows_of.setdefault(request_id, []).append(row)
+    taken = {request_id: 0 for request_id in rows_of}
+    rows = []
+    for request_id in bitmask.request_ids:
+        index = taken.get(request_id, 0)
+        if request_id not in rows_of or index >= len(rows_of[request_id]):
+            raise RuntimeError(
+                f"grammar bitmask row {len(rows)} is for request {request_id!r}, which samples "
+                f"{len(rows_of.get(request_id, ()))} rows this step"
+            )
+        rows.append(rows_of[request_id][index])
+        taken[request_id] = index + 1
     packed = np.frombuffer(bitmask.data, dtype=np.int32).reshape(len(bitmask.request_ids), -1)
     words = torch.from_numpy(packed.copy()).to(logits.device)
     forbidden = ~allowed_tokens(words, logits.shape[-1])
-    rows = [row_of[request_id] for request_id in bitmask.request_ids]
     if rows == list(range(logits.shape[0])):  # every row, in order: no gather or scatter
         logits.masked_fill_(forbidden, float("-inf"))
         return

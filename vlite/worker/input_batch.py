@@ -102,6 +102,7 @@ def prepare_inputs(
     device: torch.device,
     buffers: InputBuffers | None = None,
     drafts: dict[str, list[int]] | None = None,
+    as_decodes: bool = False,
 ) -> ModelInputs:
     """Lay the scheduled tokens of ``states`` end to end, with positions and cache slots,
     written into ``buffers`` (the worker's persistent ones; default: new ones), so the
@@ -111,7 +112,9 @@ def prepare_inputs(
     ``num_computed_tokens``. A state whose tokens start at position 0 records how many it
     knows as its ``num_tokens_at_cache_start``. ``drafts`` (speculative decoding): request
     id -> the draft tokens that follow its known tokens in its chunk; every position from
-    its last known token on is sampled.
+    its last known token on is sampled. ``as_decodes``: lay every chunk out as one-token
+    sequences, as verification does (a few tokens then compute as a decode step, which
+    can be replayed).
     """
     buffers = buffers if buffers is not None else InputBuffers(device)
     buffers.begin()
@@ -151,9 +154,8 @@ def prepare_inputs(
     row_offsets = np.arange(num_sampled) - np.repeat(np.cumsum(num_rows) - num_rows, num_rows)
     buffers.host("logits_indices", num_sampled)[:] = first_rows + row_offsets
 
-    metadata = _attention_metadata(
-        buffers, query_lens, seq_lens, block_table, num_rows > 1, num_tokens
-    )
+    split = np.ones(num_seqs, dtype=bool) if as_decodes else num_rows > 1
+    metadata = _attention_metadata(buffers, query_lens, seq_lens, block_table, split, num_tokens)
     input_ids = buffers.upload("input_ids", num_tokens)
     inputs = ModelInputs(
         input_ids=input_ids,
