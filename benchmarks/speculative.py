@@ -17,7 +17,8 @@ process after one warm-up generation of another task.
   -t T -tb T`` (``--llama-server``, or beside ``$LLAMA_CPP_LIB_PATH``), plain, with
   ``--spec-type ngram-simple --spec-draft-n-max K``, or with ``-md DRAFT --spec-draft-n-max
   K``; the same chat requests at temperature 0 through ``/v1/chat/completions``, output
-  tokens from its ``usage``. llama.cpp takes a GGUF ``--model``.
+  tokens from its ``usage``. llama.cpp takes a GGUF ``--model``. Its rows' peak RSS is the
+  client's (the trial process), not the server's.
 
 ``--engines`` picks them (default: ``vlite,vlite-ngram``, and ``vlite-draft`` with
 ``--draft-model``).

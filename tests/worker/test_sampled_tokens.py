@@ -89,6 +89,8 @@ def test_sampling_that_reads_tokens_sees_every_token_with_async_scheduling(tiny_
         (dict(device="cuda", executor="multiproc"), False),
         (dict(device="cuda", async_scheduling=False), False),
         (dict(device="cpu", async_scheduling=True), True),
+        # Speculation proposes each step's drafts from the step before's tokens.
+        (dict(device="cuda", speculative_config={"method": "ngram"}), False),
     ],
 )
 def test_async_scheduling_is_on_by_default_with_uniproc_on_cuda(settings, expected):

@@ -129,7 +129,8 @@ class VliteConfig(BaseSettings):
         "stage anyway). With 'uniproc' on CUDA the next batch is launched before this one's "
         "tokens reach the host (it reads them on the device), so the host's work overlaps "
         "the GPU's; on the CPU, where a forward computes as it is called, it changes only "
-        "the order of the work. Default: on with 'uniproc' on CUDA, off otherwise.",
+        "the order of the work. Default: on with 'uniproc' on CUDA without "
+        "speculative_config (drafts follow each step's tokens), off otherwise.",
     )
     enforce_eager: bool = Field(
         False,
@@ -244,9 +245,12 @@ class VliteConfig(BaseSettings):
 
     @property
     def resolved_async_scheduling(self) -> bool:
-        """``async_scheduling``, or its default: on with ``uniproc`` on CUDA."""
+        """``async_scheduling``, or its default: on with ``uniproc`` on CUDA, unless
+        speculative decoding is on (each step's drafts follow the step before's tokens)."""
         if self.async_scheduling is not None:
             return self.async_scheduling
+        if self.speculative_config is not None:
+            return False
         return self.executor == "uniproc" and self.torch_device.type == "cuda"
 
     @property
