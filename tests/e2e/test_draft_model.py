@@ -112,6 +112,13 @@ def test_with_a_grammar(target, other_draft, draft):
         assert accepted > 0
 
 
+def test_with_async_scheduling(target, expected):
+    llm = drafting_llm(target, target, async_scheduling=True)
+    assert greedy(llm) == expected
+    drafted, accepted, _ = counts(llm)
+    assert accepted == drafted > 0
+
+
 def test_with_tensor_parallelism(target, other_draft, expected):
     llm = drafting_llm(target, target, executor="multiproc", tensor_parallel_size=2)
     try:

@@ -162,9 +162,26 @@ def test_an_unknown_method_is_refused_naming_the_registered_ones(folder):
         LLM(model=folder, speculative_config={"method": "nope"})
 
 
-def test_async_scheduling_is_refused_naming_why(folder):
-    with pytest.raises(vlite.core.errors.ConfigError, match="async_scheduling"):
-        LLM(model=folder, async_scheduling=True, speculative_config={"method": "ngram"})
+@pytest.mark.parametrize("method", ["half-wrong", "ngram"])
+def test_with_async_scheduling(folder, expected, method):
+    """A request that speculates is in one batch in flight at a time (its drafts follow
+    known tokens); requests that do not overlap as usual."""
+    llm = speculative_llm(folder, method, lookup=1, async_scheduling=True)
+    assert greedy(llm) == expected
+    drafted, accepted, _ = counts(llm)
+    assert drafted > 0
+    if method == "half-wrong":
+        assert 0 < accepted < drafted
+
+
+def test_pipeline_parallelism_is_refused_naming_why(folder):
+    with pytest.raises(vlite.core.errors.ConfigError, match="pipeline_parallel_size=2"):
+        LLM(
+            model=folder,
+            executor="multiproc",
+            pipeline_parallel_size=2,
+            speculative_config={"method": "ngram"},
+        )
 
 
 def test_a_setting_of_the_speculative_config_is_checked(folder):

@@ -16,22 +16,16 @@ from dataclasses import dataclass
 from vlite.core.errors import PluginError
 from vlite.core.grammar_gate import drafts_the_grammar_accepts
 from vlite.core.outputs import EngineCoreOutputs
-from vlite.core.proposer import DraftRequest, Proposer, SpeculativeConfig, WorkerProposer
+from vlite.core.proposer import (
+    DraftRequest,
+    Proposer,
+    SpeculativeConfig,
+    WorkerProposer,
+    may_speculate,
+)
 from vlite.core.request import Request, RequestStatus
-from vlite.core.sampling_params import SamplingParams
 from vlite.core.scheduler import Scheduler
 from vlite.core.speculation_governor import SpeculationGovernor
-
-
-def may_speculate(params: SamplingParams) -> bool:
-    """Whether a request with ``params`` samples each row from its context alone: its
-    logits, edits that are the same at every position (logit bias, allowed tokens) or count
-    the rows before (``min_tokens``), for penalties its tokens with the drafts before the
-    row (the worker counts them), and for a grammar the mask of the grammar's state after
-    those drafts (one bitmask row per position). The logits processors that read the tokens
-    before a row (bad words, a plugin's processor through ``extra_args``) would take it for
-    the request's next token, so requests that use one do not speculate."""
-    return not (params.bad_words or params.bad_words_token_ids or params.extra_args)
 
 
 @dataclass(frozen=True)
@@ -120,6 +114,8 @@ class DraftSource:
             return None
         if request.num_computed_tokens != request.num_tokens - 1:
             return None  # its prompt is still being computed
+        if self.scheduler.in_flight.get(request.request_id):
+            return None  # a batch in flight samples its next token (async scheduling)
         limit = self.scheduler.limits.max_model_len
         max_drafts = min(
             self.config.num_speculative_tokens,

@@ -338,10 +338,14 @@ class EngineCore:
             self.scheduler.forget_batches_in_flight()
             raise
         outputs = self.scheduler.update_from_output(batch.scheduler_output, runner_output)
-        self.step_totals.add(batch.stats, outputs)
+        accepted = self.scheduler.last_accepted_per_position
+        if self.drafts is not None:  # (batches overlap: no step time for the governor)
+            self.drafts.propose(outputs, None, runner_output.draft_token_ids)
+        self.step_totals.add(batch.stats, outputs, accepted)
         if batch.record is not None:
+            record = dataclasses.replace(batch.record, accepted_per_position=tuple(accepted))
             for observer in self._step_observers:
-                observer(batch.record)
+                observer(record)
         return outputs
 
     def _wait_for_grammars(self) -> EngineCoreOutputs:

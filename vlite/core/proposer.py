@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from vlite.core.sampling_params import SamplingParams
+
 
 class SpeculativeConfig(BaseModel):
     """The ``speculative_config`` setting: which proposer, and how many drafts.
@@ -64,6 +66,17 @@ class SpeculativeConfig(BaseModel):
                 f"method={self.method!r}"
             )
         return self
+
+
+def may_speculate(params: SamplingParams) -> bool:
+    """Whether a request with ``params`` samples each row from its context alone: its
+    logits, edits that are the same at every position (logit bias, allowed tokens) or count
+    the rows before (``min_tokens``), for penalties its tokens with the drafts before the
+    row (the worker counts them), and for a grammar the mask of the grammar's state after
+    those drafts (one bitmask row per position). The logits processors that read the tokens
+    before a row (bad words, a plugin's processor through ``extra_args``) would take it for
+    the request's next token, so requests that use one do not speculate."""
+    return not (params.bad_words or params.bad_words_token_ids or params.extra_args)
 
 
 #: The method whose drafts a second model makes inside the workers.

@@ -38,6 +38,7 @@ from vlite.core.outputs import (
     RequestFailure,
     SchedulerOutput,
 )
+from vlite.core.proposer import may_speculate
 from vlite.core.request import Request, RequestStatus
 from vlite.core.scheduling_policy import SchedulingPolicy
 from vlite.core.stats import StepStats
@@ -78,6 +79,9 @@ class SchedulerLimits:
         num_lookahead_tokens: the most slots a request may hold past its scheduled tokens,
             where a draft model writes its drafts (``Request.num_worker_drafts``); admission
             counts them.
+        speculative: speculative decoding is on: a request that may speculate is never
+            scheduled while a batch of its own is in flight (with ``overlaps_decodes``), so
+            its drafts always follow tokens the engine knows.
     """
 
     max_num_seqs: int
@@ -89,6 +93,7 @@ class SchedulerLimits:
     max_batches_in_flight: int = 1
     overlaps_decodes: bool = False
     num_lookahead_tokens: int = 0
+    speculative: bool = False
 
 
 def build_scheduler(
@@ -318,6 +323,8 @@ class Scheduler:
         the token before the next mask."""
         if not self.overlaps_decodes or request.structured_output is not None:
             return False
+        if self.limits.speculative and may_speculate(request.sampling_params):
+            return False  # its next drafts follow the token that batch samples
         if request.num_computed_tokens + self.in_flight[request.request_id] != request.num_tokens:
             return False
         return (

@@ -112,8 +112,8 @@ def verify_config(
 
 def check_speculative_decoding(config: VliteConfig, registry: PluginRegistry) -> type:
     """The proposer class ``speculative_config.method`` names, where the configuration lets
-    drafts be verified: the next step's drafts are proposed from this step's tokens, so a
-    step must end before the next is scheduled."""
+    drafts be verified. (With async scheduling's two batches in flight, a request that may
+    speculate is in one at a time, so its drafts follow known tokens.)"""
     method = config.speculative_config.method
     if method not in registry.names("proposer"):
         raise ConfigError(
@@ -123,14 +123,8 @@ def check_speculative_decoding(config: VliteConfig, registry: PluginRegistry) ->
     if config.pipeline_parallel_size > 1:
         raise ConfigError(
             f"speculative_config with pipeline_parallel_size={config.pipeline_parallel_size}: "
-            "a pipeline keeps several batches in flight, so a request's drafts would be "
-            "proposed before its last tokens are known; allowed: pipeline_parallel_size=1"
-        )
-    if config.resolved_async_scheduling:
-        raise ConfigError(
-            "speculative_config with async_scheduling: the next step is scheduled before this "
-            "one's tokens are known, and drafts are proposed from them; allowed: "
-            "async_scheduling=False (--no-async-scheduling)"
+            "the stages before the last learn a step's tokens from the next step's, which "
+            "does not carry the drafts they accepted; allowed: pipeline_parallel_size=1"
         )
     return registry.get("proposer", method)
 
@@ -211,6 +205,7 @@ def scheduler_limits(
             long_prefill_token_threshold=config.long_prefill_token_threshold,
             recompute_past_length=model_spec.recompute_past_length,
             num_lookahead_tokens=num_lookahead_tokens(config),
+            speculative=config.speculative_config is not None,
         ),
     )
 
