@@ -188,7 +188,8 @@ def test_chat_without_max_tokens_fills_the_cache(client):
         ("/v1/completions", {"prompt": "x", "logprobs": 21}, "logprobs", "[0, 20]"),
         ("/v1/completions", {"prompt": "x", "logprobs": -1}, "logprobs", "[0, 20]"),
         ("/v1/completions", {"prompt": "x", "best_of": 3}, "best_of", "not supported"),
-        ("/v1/completions", {"prompt": "x", "echo": True, "logprobs": 1}, "echo", "not supported"),
+        ("/v1/chat/completions", {"messages": CHAT, "echo": True}, "echo", "not supported"),
+        ("/v1/completions", {"prompt": "x", "prompt_logprobs": 21}, "prompt_logprobs", "[0, 20]"),
         (
             "/v1/completions",
             {"prompt": "x", "presence_penalty": 2.5},
@@ -340,6 +341,89 @@ def test_completion_logprobs_have_the_openai_shape(client, tokenizer):
     offsets = logprobs["text_offset"]
     assert offsets[0] == 0
     assert offsets[1:] == [offsets[i] + len(logprobs["tokens"][i]) for i in range(len(offsets) - 1)]
+
+
+def test_echo_with_logprobs_answers_as_the_legacy_api_for_loglikelihoods(server, client, tokenizer):
+    """What lm-evaluation-harness' local-completions model sends for a loglikelihood: the
+    prompt back, each prompt token's logprob (``None`` for the first), nothing generated."""
+    prompt = "The quick brown fox"
+    body = greedy(prompt=prompt, max_tokens=0, echo=True, logprobs=1)
+
+    answer = client.post("/v1/completions", json=body).json()
+
+    choice = answer["choices"][0]
+    ids = tokenizer(prompt)["input_ids"]
+    assert choice["text"] == prompt
+    logprobs = choice["logprobs"]
+    assert logprobs["tokens"] == [tokenizer.decode([token]) for token in ids]
+    assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+    assert len(logprobs["token_logprobs"]) == len(ids)
+    assert all(lp <= 0 for lp in logprobs["token_logprobs"][1:])
+    for token, logprob, top in zip(
+        logprobs["tokens"][1:], logprobs["token_logprobs"][1:], logprobs["top_logprobs"][1:]
+    ):
+        assert top[token] == logprob and len(top) in (1, 2)
+    assert answer["usage"]["completion_tokens"] == 0
+    # The same prompt's tokens, scored by the engine through the Python API.
+    expected = reference_prompt_logprobs(server, ids)
+    assert logprobs["token_logprobs"][1:] == pytest.approx(expected, abs=1e-5)
+
+
+def reference_prompt_logprobs(server, ids: list[int]) -> list[float]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(server.config.model, dtype=torch.float32)
+    with torch.no_grad():
+        rows = model(torch.tensor([ids])).logits[0, :-1].log_softmax(-1)
+    return [rows[i, ids[i + 1]].item() for i in range(len(ids) - 1)]
+
+
+def test_echo_puts_the_prompt_before_the_completion(client, tokenizer):
+    prompt = "The quick brown fox"
+    plain = client.post("/v1/completions", json=greedy(prompt=prompt, max_tokens=3, logprobs=0))
+    echoed = client.post(
+        "/v1/completions", json=greedy(prompt=prompt, max_tokens=3, logprobs=0, echo=True)
+    )
+    plain_choice, echoed_choice = plain.json()["choices"][0], echoed.json()["choices"][0]
+    assert echoed_choice["text"] == prompt + plain_choice["text"]
+    num_prompt = len(tokenizer(prompt)["input_ids"])
+    logprobs = echoed_choice["logprobs"]
+    assert logprobs["tokens"][num_prompt:] == plain_choice["logprobs"]["tokens"]
+    assert logprobs["text_offset"][num_prompt] == len(prompt)
+
+
+def test_prompt_logprobs_in_vllms_shape(client, tokenizer):
+    body = greedy(prompt="The quick brown fox", max_tokens=1, prompt_logprobs=2)
+    completion = client.post("/v1/completions", json=body).json()["choices"][0]
+    chat = client.post(
+        "/v1/chat/completions", json=greedy(messages=CHAT, max_tokens=1, prompt_logprobs=0)
+    ).json()
+    ids = tokenizer("The quick brown fox")["input_ids"]
+    for logprobs, prompt_ids in (
+        (completion["prompt_logprobs"], ids),
+        (chat["prompt_logprobs"], None),
+    ):
+        assert logprobs[0] is None and all(position for position in logprobs[1:])
+        if prompt_ids is not None:
+            assert len(logprobs) == len(prompt_ids)
+            for position, token in zip(logprobs[1:], prompt_ids[1:]):
+                entry = position[str(token)]
+                assert entry["logprob"] <= 0 and entry["rank"] >= 1
+                assert entry["decoded_token"] == tokenizer.decode([token])
+
+
+@pytest.mark.parametrize(
+    "body,message",
+    [
+        ({"max_tokens": 0}, "max_tokens=0 generates nothing"),
+        ({"echo": True, "stream": True}, "echo=true is not supported with stream=true"),
+    ],
+)
+def test_echo_refusals_name_the_setting(client, body, message):
+    response = client.post("/v1/completions", json=greedy(prompt="Hi", **body))
+    assert response.status_code == 400
+    assert message in response.json()["error"]["message"]
 
 
 def test_streamed_completion_logprobs_cover_every_token(client):

@@ -111,6 +111,15 @@ class SampledLogprobs(msgspec.Struct, array_like=True):
     ranks: list[int]
 
 
+class PromptLogprobs(msgspec.Struct, array_like=True):
+    """Log-probabilities of consecutive prompt tokens: ``entries[i]`` is the token at
+    prompt position ``first_position + i`` (>= 1) after the tokens before it, then the top
+    alternatives there (a :class:`SampledLogprobs` whose first token is the prompt's)."""
+
+    first_position: int
+    entries: list[SampledLogprobs]
+
+
 class ModelRunnerOutput(msgspec.Struct, array_like=True):
     """Tokens sampled this step.
 
@@ -119,11 +128,14 @@ class ModelRunnerOutput(msgspec.Struct, array_like=True):
     ``logprobs[request_id]`` holds one entry per new token, for requests that asked for
     ``logprobs``. ``draft_token_ids[request_id]``: the drafts a draft model made after the
     request's new tokens (``SchedulerOutput.num_lookahead_tokens``).
+    ``prompt_logprobs[request_id]``: for a request that asked for ``prompt_logprobs``, the
+    prompt positions whose logits the step computed.
     """
 
     sampled_token_ids: dict[str, list[int]]
     logprobs: dict[str, list[SampledLogprobs]] = msgspec.field(default_factory=dict)
     draft_token_ids: dict[str, list[int]] = msgspec.field(default_factory=dict)
+    prompt_logprobs: dict[str, PromptLogprobs] = msgspec.field(default_factory=dict)
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -141,6 +153,9 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     #: With ``finish_reason="stop"``: the last token is part of the text (a grammar ended
     #: on it), not a stopping token (EOS or a stop token id, whose text is not shown).
     shows_last_token: bool = False
+    #: On a request's first output, when it asked for ``prompt_logprobs``: one entry per
+    #: prompt token from the second on.
+    prompt_logprobs: list[SampledLogprobs] | None = None
 
     @property
     def is_finished(self) -> bool:
@@ -274,3 +289,6 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = field(default=None, repr=False)
+    #: With ``SamplingParams.prompt_logprobs``: one entry per prompt token, ``None`` for the
+    #: first, then its token's logprob and the top ones (once the prompt is computed).
+    prompt_logprobs: list[PositionLogprobs | None] | None = None

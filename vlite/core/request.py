@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from vlite.core.outputs import PromptLogprobs, SampledLogprobs
 from vlite.core.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -97,6 +98,10 @@ class Request:
         #: Drafts the workers make for it after its next step (a draft model's; the
         #: scheduler allocates their slots).
         self.num_worker_drafts = 0
+        #: ``prompt_logprobs``: the entries of prompt positions 1, 2, ... computed so far,
+        #: and whether they went out (with the request's first output).
+        self.prompt_logprobs: list[SampledLogprobs] = []
+        self.prompt_logprobs_sent = False
         #: Tokens the request knew when its cache was last computed from position 0 (see
         #: ``SchedulerLimits.recompute_past_length``).
         self.num_tokens_at_cache_start = 0
@@ -107,6 +112,25 @@ class Request:
         self.error: str | None = None
         #: Stopped by its grammar on a token that belongs to the text.
         self.shows_last_token = False
+
+    def add_prompt_logprobs(self, chunk: PromptLogprobs) -> None:
+        """Take in a step's prompt logprobs; positions already known (a recompute after
+        preemption computes them again) are skipped."""
+        known = len(self.prompt_logprobs) + 1  # the next position wanted
+        skip = known - chunk.first_position
+        if skip < 0:
+            raise RuntimeError(
+                f"request {self.request_id!r}: prompt logprobs from position "
+                f"{chunk.first_position}, but only up to {known - 1} are known"
+            )
+        self.prompt_logprobs += chunk.entries[skip:]
+
+    def take_prompt_logprobs(self) -> list[SampledLogprobs] | None:
+        """The prompt logprobs, the first time this is asked once there are any."""
+        if self.prompt_logprobs_sent or self.sampling_params.prompt_logprobs is None:
+            return None
+        self.prompt_logprobs_sent = True
+        return self.prompt_logprobs
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -54,6 +54,10 @@ class SamplingParams:
         logprobs: Return the log-probability of each sampled token and of the ``logprobs``
             most likely tokens at its position (0 <= logprobs <= ``MAX_LOGPROBS``), from the
             model's raw logits (before penalties and temperature); ``None``: none.
+        prompt_logprobs: Return, for every prompt token but the first, its log-probability
+            after the tokens before it and the ``prompt_logprobs`` most likely tokens there
+            (0 <= prompt_logprobs <= ``MAX_LOGPROBS``; vLLM's meaning). Such a request does
+            not read the prefix cache (a cached prefix has no logits); ``None``: none.
         structured_outputs: ``None``, or the shape the output must have (a JSON schema, a
             regex, choices, a grammar: :class:`StructuredOutputsParams`, or a dict of its
             fields). The request is finished with ``"stop"`` when the shape is complete.
@@ -88,6 +92,7 @@ class SamplingParams:
     bad_words: list[str] | None = None
     bad_words_token_ids: list[list[int]] | None = None
     extra_args: dict[str, Any] | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         self._check(
@@ -140,12 +145,13 @@ class SamplingParams:
             "min_tokens",
             f"an integer >= 0 and <= max_tokens ({self.max_tokens})",
         )
-        logprobs = self.logprobs
-        self._check(
-            logprobs is None or (_is_int(logprobs) and 0 <= logprobs <= MAX_LOGPROBS),
-            "logprobs",
-            f"None or an integer in [0, {MAX_LOGPROBS}]",
-        )
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            self._check(
+                value is None or (_is_int(value) and 0 <= value <= MAX_LOGPROBS),
+                name,
+                f"None or an integer in [0, {MAX_LOGPROBS}]",
+            )
         self._check_output_controls()
 
     def _check_output_controls(self) -> None:

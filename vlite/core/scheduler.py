@@ -611,7 +611,11 @@ class Scheduler:
             if not step.budget:
                 step.num_waits_budget += 1
                 break
-            cached_prefix = self.kv_cache_manager.find_cached_prefix(request)
+            cached_prefix = (
+                self.kv_cache_manager.find_cached_prefix(request)
+                if request.sampling_params.prompt_logprobs is None
+                else []  # a cached prefix has no logits to take the prompt's logprobs from
+            )
             num_cached = len(cached_prefix) * self.kv_cache_manager.block_size
             num_new = self._checked_num_tokens(
                 request, request.num_tokens - num_cached, step.budget
@@ -717,6 +721,8 @@ class Scheduler:
             request = self.requests.get(request_id)
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue
+            if request_id in runner_output.prompt_logprobs:
+                request.add_prompt_logprobs(runner_output.prompt_logprobs[request_id])
             tokens = sampled.get(request_id, [])
             drafts = scheduler_output.spec_token_ids.get(request_id)
             request.num_computed_tokens += num_new
@@ -734,7 +740,7 @@ class Scheduler:
             if not new_token_ids and not request.is_finished:
                 continue
             new_logprobs = logprobs.get(request_id) if logprobs else None
-            outputs.append(
+            output = (
                 _final_output(request, new_token_ids, new_logprobs)
                 if request.is_finished
                 else EngineCoreOutput(
@@ -744,6 +750,8 @@ class Scheduler:
                     new_logprobs=new_logprobs[: len(new_token_ids)] if new_logprobs else None,
                 )
             )
+            output.prompt_logprobs = request.take_prompt_logprobs()
+            outputs.append(output)
             if request.is_finished:
                 self.running.remove(request)
                 self._release(request)

@@ -39,9 +39,22 @@ class LogprobsAccumulator:
     def add(self, entries: list[SampledLogprobs]) -> None:
         """Append one position per entry: the sampled token first, then the top ones."""
         for entry in entries:
-            position: PositionLogprobs = {}
-            for token_id, logprob, rank in zip(entry.token_ids, entry.logprobs, entry.ranks):
-                if token_id not in position:
-                    position[token_id] = Logprob(logprob, rank, self.token_texts(token_id))
-            self.logprobs.append(position)
+            self.logprobs.append(position_logprobs(entry, self.token_texts))
             self.cumulative_logprob += entry.logprobs[0]
+
+
+def position_logprobs(entry: SampledLogprobs, token_texts: TokenTexts) -> PositionLogprobs:
+    """One position's dict: its token (sampled, or the prompt's) first, then the top ones."""
+    position: PositionLogprobs = {}
+    for token_id, logprob, rank in zip(entry.token_ids, entry.logprobs, entry.ranks):
+        if token_id not in position:
+            position[token_id] = Logprob(logprob, rank, token_texts(token_id))
+    return position
+
+
+def prompt_position_logprobs(
+    entries: list[SampledLogprobs], token_texts: TokenTexts
+) -> list[PositionLogprobs | None]:
+    """``RequestOutput.prompt_logprobs``: ``None`` for the first prompt token (nothing comes
+    before it), then one dict per entry."""
+    return [None, *(position_logprobs(entry, token_texts) for entry in entries)]

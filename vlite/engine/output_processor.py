@@ -11,13 +11,14 @@ from vlite.core.errors import InvalidRequestError
 from vlite.core.outputs import (
     CompletionOutput,
     EngineCoreOutput,
+    PositionLogprobs,
     RequestMetrics,
     RequestOutput,
     RequestOutputKind,
 )
 from vlite.core.request import EngineCoreRequest, RequestStatus
 from vlite.engine.detokenizer import IncrementalDetokenizer
-from vlite.engine.logprobs import LogprobsAccumulator, TokenTexts
+from vlite.engine.logprobs import LogprobsAccumulator, TokenTexts, prompt_position_logprobs
 from vlite.engine.parent_request import ParentRequest
 
 
@@ -38,6 +39,8 @@ class _RequestState:
     # What earlier DELTA outputs already carried.
     num_sent_chars: int = 0
     num_sent_tokens: int = 0
+    #: ``prompt_logprobs``: the prompt's, once the core sent them.
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
 
 
 @dataclass
@@ -200,6 +203,12 @@ class OutputProcessor:
         state.num_cached_tokens = output.num_cached_tokens
         if state.logprobs is not None and output.new_logprobs:
             state.logprobs.add(output.new_logprobs)
+        if output.prompt_logprobs is not None:
+            state.prompt_logprobs = prompt_position_logprobs(
+                output.prompt_logprobs, self._token_texts
+            )
+            if state.parent is not None and state.parent.prompt_logprobs is None:
+                state.parent.prompt_logprobs = state.prompt_logprobs
         if state.detokenizer.add_tokens(_tokens_to_detokenize(output)):
             finish_reason = RequestStatus.FINISHED_STOPPED.finish_reason
             stop_reason = state.detokenizer.stop_string
@@ -275,4 +284,5 @@ def _make_request_output(
         finished=finish_reason is not None,
         num_cached_tokens=state.num_cached_tokens,
         metrics=state.metrics,
+        prompt_logprobs=state.prompt_logprobs,
     )

@@ -11,7 +11,13 @@ from __future__ import annotations
 
 import msgspec
 
-from vlite.core.outputs import CompletionOutput, RequestMetrics, RequestOutput, RequestOutputKind
+from vlite.core.outputs import (
+    CompletionOutput,
+    PositionLogprobs,
+    RequestMetrics,
+    RequestOutput,
+    RequestOutputKind,
+)
 from vlite.core.request import EngineCoreRequest
 
 
@@ -40,6 +46,8 @@ class ParentRequest:
         self.completions: list[CompletionOutput | None] = [None] * self.num_samples
         self.unfinished: set[int] = set(range(self.num_samples))
         self.num_cached_tokens = 0
+        #: The prompt's logprobs (``prompt_logprobs``), from the first sample that has them.
+        self.prompt_logprobs: list[PositionLogprobs | None] | None = None
 
     @property
     def request_id(self) -> str:
@@ -110,6 +118,7 @@ class ParentRequest:
             finished=self.is_finished,
             num_cached_tokens=self.num_cached_tokens,
             metrics=self.metrics,
+            prompt_logprobs=self.prompt_logprobs,
         )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from vlite.core.outputs import Logprob, PositionLogprobs
 from vlite.server.protocol import (
     ChatLogProbs,
@@ -47,6 +49,53 @@ def completion_logprobs(
         result.text_offset.append(text_offset)
         text_offset += len(token)
     return result
+
+
+def prompt_logprobs_shape(
+    token_ids: list[int],
+    logprobs: list[PositionLogprobs | None],
+    num_top: int,
+    tokenizer: Any,
+) -> CompletionLogProbs:
+    """The completions shape for an echoed prompt: its first token has no logprob
+    (``None`` in ``token_logprobs`` and ``top_logprobs``), the others as sampled tokens."""
+    first = tokenizer.decode([token_ids[0]])
+    rest = completion_logprobs(token_ids[1:], logprobs[1:], num_top, text_offset=len(first))
+    return CompletionLogProbs(
+        tokens=[first, *rest.tokens],
+        token_logprobs=[None, *rest.token_logprobs],
+        top_logprobs=[None, *rest.top_logprobs],
+        text_offset=[0, *rest.text_offset],
+    )
+
+
+def joined_logprobs(first: CompletionLogProbs, second: CompletionLogProbs) -> CompletionLogProbs:
+    """``first``'s tokens, then ``second``'s (whose offsets already count ``first``'s text)."""
+    return CompletionLogProbs(
+        tokens=first.tokens + second.tokens,
+        token_logprobs=first.token_logprobs + second.token_logprobs,
+        top_logprobs=first.top_logprobs + second.top_logprobs,
+        text_offset=first.text_offset + second.text_offset,
+    )
+
+
+def prompt_logprobs_json(logprobs: list[PositionLogprobs | None] | None) -> list | None:
+    """vLLM's ``prompt_logprobs`` field: each position's dict with string token-id keys."""
+    if logprobs is None:
+        return None
+    return [
+        None
+        if position is None
+        else {
+            str(token_id): {
+                "logprob": _value(entry),
+                "rank": entry.rank,
+                "decoded_token": entry.decoded_token,
+            }
+            for token_id, entry in position.items()
+        }
+        for position in logprobs
+    ]
 
 
 def _chat_entry(logprob: Logprob) -> ChatTopLogprob:

@@ -96,6 +96,8 @@ class SamplingRequest(BaseModel):
     repetition_penalty: float | None = None  # vLLM extension
     min_p: float | None = None  # vLLM extension
     min_tokens: Int32 | None = None  # vLLM extension
+    #: vLLM extension: each prompt token's logprob and this many most likely tokens there.
+    prompt_logprobs: Int32 | None = None
     user: str | None = None  # accepted and ignored
     #: Token id (as a string, OpenAI's shape) -> a bias in [-100, 100] added to its logit.
     logit_bias: dict[str, float] | None = None
@@ -203,12 +205,18 @@ class ChatLogProbs(BaseModel):
     content: list[ChatTokenLogprob] | None = None
 
 
+#: vLLM's ``prompt_logprobs`` shape: per prompt token (``None`` for the first), token id ->
+#: ``{"logprob", "rank", "decoded_token"}``.
+PromptLogprobsJson = list[dict[str, dict[str, Any]] | None]
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None  # vLLM extension
+    prompt_logprobs: PromptLogprobsJson | None = None  # vLLM extension
 
 
 class CompletionResponse(BaseModel):
@@ -253,6 +261,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: UsageInfo
+    prompt_logprobs: PromptLogprobsJson | None = None  # vLLM extension
 
 
 class DeltaFunctionCall(BaseModel):

@@ -212,9 +212,10 @@ class OpenAIServing:
             choices, last = await collect(raw_request, first, stream, params.n)
         except ClientDisconnected:
             return Response(status_code=499)
+        choices = self.final_choices(request, choices)
         num_generated = sum(len(choice.token_ids) for choice in choices)
         response = self.response(
-            request_id, request, choices, usage(len(last.prompt_token_ids), num_generated)
+            request_id, request, choices, usage(len(last.prompt_token_ids), num_generated), last
         )
         return JSONResponse(response.model_dump())
 
@@ -252,10 +253,20 @@ class OpenAIServing:
 
     # ---- the shapes (endpoints override) -------------------------------------------
 
+    def final_choices(self, request: Any, choices: list[Choice]) -> list[Choice]:
+        """The samples as the (non-streamed) response shows them. Default: as generated."""
+        return choices
+
     def response(
-        self, request_id: str, request: Any, choices: list[Choice], total: UsageInfo
+        self,
+        request_id: str,
+        request: Any,
+        choices: list[Choice],
+        total: UsageInfo,
+        last: RequestOutput,
     ) -> BaseModel:
-        """The whole (non-streamed) response."""
+        """The whole (non-streamed) response; ``last``: the request's last output (its
+        prompt, and the prompt's logprobs if asked)."""
         raise NotImplementedError
 
     def opening_events(self, request_id: str, n: int) -> Iterator[dict[str, Any]]:

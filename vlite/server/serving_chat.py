@@ -9,10 +9,10 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from vlite.core.errors import InvalidRequestError
-from vlite.core.outputs import CompletionOutput, PositionLogprobs
+from vlite.core.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from vlite.core.sampling_params import MAX_LOGPROBS
 from vlite.server.errors import OpenAIError
-from vlite.server.logprobs import chat_logprobs
+from vlite.server.logprobs import chat_logprobs, prompt_logprobs_json
 from vlite.server.output_constraints import ToolPlan, tool_plan
 from vlite.server.protocol import (
     ChatChoice,
@@ -71,6 +71,7 @@ class ChatServing(OpenAIServing):
         request: ChatCompletionRequest,
         choices: list[Choice],
         total: UsageInfo,
+        last: RequestOutput,
     ) -> ChatCompletionResponse:
         num_top = _num_top_logprobs(request)
         plan = tool_plan(request)
@@ -79,6 +80,7 @@ class ChatServing(OpenAIServing):
             model=self.served_model_name,
             choices=[_chat_choice(choice, plan, num_top) for choice in choices],
             usage=total,
+            prompt_logprobs=prompt_logprobs_json(last.prompt_logprobs),
         )
 
     def opening_events(self, request_id: str, n: int) -> Iterator[dict[str, Any]]:

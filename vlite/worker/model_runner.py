@@ -8,7 +8,7 @@ from concurrent.futures import Future
 import torch
 
 from vlite.core.logits_processor import AddedRequest
-from vlite.core.outputs import GrammarBitmask, ModelRunnerOutput, SchedulerOutput
+from vlite.core.outputs import GrammarBitmask, ModelRunnerOutput, PromptLogprobs, SchedulerOutput
 from vlite.core.sampler import Sampler
 from vlite.distributed.pipeline import SINGLE_STAGE, PipelineParallelGroup
 from vlite.worker.cpu_memory import lazily_zeroed
@@ -26,6 +26,7 @@ from vlite.worker.input_batch import CachedRequestState, ModelInputs, prepare_in
 from vlite.worker.input_buffers import InputBuffers
 from vlite.worker.logits_processors import LogitsProcessorPipeline
 from vlite.worker.logprobs import LogprobsRequest
+from vlite.worker.prompt_logprobs import prompt_logprobs
 from vlite.worker.sampled_tokens import SampledTokens, resolve_all
 from vlite.worker.sampling_inputs import build_sampling_metadata
 
@@ -76,6 +77,8 @@ class ModelRunner:
         self.decode_graphs: DecodeGraphs | None = None
         #: The last step's scheduled requests and the drafts asked of each (a draft model's).
         self._drafting: tuple[list[CachedRequestState], dict[str, int]] = ([], {})
+        #: The last step's prompt logprobs (:mod:`vlite.worker.prompt_logprobs`).
+        self._prompt_logprobs: dict[str, PromptLogprobs] = {}
 
     def initialize_kv_cache(self, num_blocks: int, dtype: torch.dtype) -> None:
         shape = self.model.attention.kv_cache_shape(num_blocks)
@@ -164,6 +167,7 @@ class ModelRunner:
             states, num_scheduled, self.block_size, self.device, self.input_buffers, drafts
         )
         hidden = self.forward(inputs)
+        num_computed = [state.num_computed_tokens for state in states]
         for state, num_tokens in zip(states, num_scheduled):
             state.num_computed_tokens += num_tokens
         if self.draft_model is not None:
@@ -174,6 +178,10 @@ class ModelRunner:
             return
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
         self._pending = (inputs, logits, scheduler_output.grammar_bitmask, drafts)
+        if any(state.sampling_params.prompt_logprobs is not None for state in states):
+            self._prompt_logprobs = prompt_logprobs(
+                self.model, hidden, states, num_scheduled, num_computed
+            )
 
     def forward(self, inputs: ModelInputs) -> torch.Tensor | list[torch.Tensor]:
         """The model over the step's tokens: hidden states ``[T, hidden]`` (on a stage
@@ -205,14 +213,17 @@ class ModelRunner:
         model, the draft then runs over the step (:mod:`vlite.worker.draft_model`) and its
         drafts come with the tokens."""
         sampled = self._sample_tokens()
-        if self.draft_model is None:
+        taken, self._prompt_logprobs = self._prompt_logprobs, {}
+        if self.draft_model is None and not taken:
             return sampled
         output = sampled.result()
-        states, num_drafts = self._drafting
-        self._drafting = ([], {})
-        output.draft_token_ids = self.draft_model.propose(
-            states, set(output.sampled_token_ids), num_drafts
-        )
+        output.prompt_logprobs = taken
+        if self.draft_model is not None:
+            states, num_drafts = self._drafting
+            self._drafting = ([], {})
+            output.draft_token_ids = self.draft_model.propose(
+                states, set(output.sampled_token_ids), num_drafts
+            )
         done: Future[ModelRunnerOutput] = Future()
         done.set_result(output)
         return done
