@@ -1,7 +1,10 @@
 """ASGI middleware at the HTTP boundary: checks that run before a request reaches a route.
 
 Each guard is a plain ASGI wrapper (no request object is built for a request it refuses),
-answers in OpenAI's error shape, and passes everything else through untouched:
+answers in OpenAI's error shape with ``Connection: close`` (the refused request's body,
+if any, is left unread; the protocol's lingering close lets the client read the answer
+whole, see :mod:`vlite.server.lingering_close`), and passes everything else through
+untouched:
 
 - :class:`ApiKeyGuard`: ``Authorization: Bearer <key>`` on every route but the open ones
   (401), compared in constant time.
@@ -35,8 +38,12 @@ OPEN_PATHS = frozenset({"/health"})
 
 
 async def _refuse(error: OpenAIError, scope: Scope, receive: Receive, send: Send, **headers):
+    """Answer ``error`` with ``Connection: close``: a refusal may leave the request's body
+    unread, so the connection ends (lingering until the client has read the answer, see
+    :mod:`vlite.server.lingering_close`) rather than reading that body to be reused."""
     response = error.to_json_response()
     response.headers.update(headers)
+    response.headers["Connection"] = "close"
     await response(scope, receive, send)
 
 
@@ -108,11 +115,11 @@ class RequestSizeGuard:
         problem = self._header_problem(scope["headers"])
         if problem is not None:
             error = OpenAIError(problem, HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE)
-            await _refuse(error, scope, receive, send, Connection="close")
+            await _refuse(error, scope, receive, send)
             return
         declared = _content_length(scope)
         if declared is not None and declared > self.max_body_bytes:
-            await _refuse(self._too_large(declared), scope, receive, send, Connection="close")
+            await _refuse(self._too_large(declared), scope, receive, send)
             return
         started = False
 
@@ -134,7 +141,7 @@ class RequestSizeGuard:
                     HTTPStatus.REQUEST_TIMEOUT,
                 )
             )
-            await _refuse(error, scope, receive, send, Connection="close")
+            await _refuse(error, scope, receive, send)
 
     def _header_problem(self, headers: list[tuple[bytes, bytes]]) -> str | None:
         if len(headers) > self.max_headers:

@@ -1,4 +1,5 @@
-"""uvicorn's h11 protocol with a deadline for request headers, so slow clients are cut.
+"""uvicorn's h11 protocol with a deadline for request headers, so slow clients are cut, and
+a lingering close after early answers.
 
 uvicorn times out idle keep-alive connections, but a client that opens a connection and
 sends its request line and headers a byte at a time (or never) holds it open forever. This
@@ -6,6 +7,10 @@ protocol gives every request ``header_timeout_s`` seconds from its first byte (o
 connection's start) to the end of its headers; then the connection is closed. The body is
 timed by :class:`~vlite.server.guards.RequestSizeGuard`, and the size of the header block
 by h11's ``max_incomplete_event_size``.
+
+It builds on :class:`~vlite.server.lingering_close.LingeringCloseProtocol`: a connection
+whose request was refused before its body was read keeps reading (and dropping) for a
+bounded time after the answer, so the client reads the whole refusal instead of a reset.
 """
 
 from __future__ import annotations
@@ -13,11 +18,13 @@ from __future__ import annotations
 import asyncio
 
 import h11
-from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from vlite.server.lingering_close import LingeringCloseProtocol
 
 
-class HeaderTimeoutProtocol(H11Protocol):
-    """:class:`H11Protocol` that closes a connection whose request headers are late."""
+class HeaderTimeoutProtocol(LingeringCloseProtocol):
+    """:class:`LingeringCloseProtocol` that closes a connection whose request headers are
+    late."""
 
     #: Set by :func:`protocol_with_header_timeout`.
     header_timeout_s = 10.0
