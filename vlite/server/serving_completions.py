@@ -56,7 +56,8 @@ class CompletionServing(OpenAIServing):
         max_tokens = request.max_tokens if request.max_tokens is not None else DEFAULT_MAX_TOKENS
         self.check_length(len(tokenized["prompt_token_ids"]), max_tokens, "prompt")
         # max_tokens=0 (with echo): one token is generated, and left out of the answer.
-        params = self.sampling_params(request, max(max_tokens, 1), logprobs=request.logprobs)
+        engine_max_tokens = 1 if max_tokens == 0 else max_tokens  # (0 only with echo)
+        params = self.sampling_params(request, engine_max_tokens, logprobs=request.logprobs)
         if request.echo and request.logprobs is not None:  # the larger of the two asks
             num_top = max(request.logprobs, request.prompt_logprobs or 0)
             params = dataclasses.replace(params, prompt_logprobs=num_top)
