@@ -71,6 +71,27 @@ def test_trace_through_preemption_and_resumption(make_engine):
     assert b.output_token_ids == list(range(1000, 1008))
 
 
+def test_the_first_and_the_last_outputs_say_when_the_request_was_first_scheduled(make_engine):
+    # Chunked: the first output with a token comes in step 3. A stop string may end the
+    # request in the front end before its last output: the first one must carry the time.
+    engine = make_engine(max_num_batched_tokens=4, enable_chunked_prefill=True)
+    request = engine.add("a", list(range(10)), max_tokens=3)
+
+    while engine.scheduler.has_unfinished_requests():
+        engine.step()
+
+    scheduled = request.first_scheduled_time
+    outputs = [step.outputs.get("a") for step in engine.steps]
+    assert [o.first_scheduled_time if o else "none" for o in outputs] == [
+        "none",
+        "none",
+        scheduled,
+        None,
+        scheduled,
+    ]
+    assert scheduled is not None
+
+
 # ---- RequestStatus ---------------------------------------------------------------------
 
 

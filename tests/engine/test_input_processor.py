@@ -89,3 +89,47 @@ def test_a_fault_of_the_tokenizer_is_not_reported_as_bad_input():
     with pytest.raises(RuntimeError, match="the tokenizer broke") as raised:
         InputProcessor(broken).apply_chat_template([{"role": "user", "content": "Hi"}])
     assert not isinstance(raised.value, InvalidRequestError)
+
+
+def test_text_without_special_tokens_has_no_bos(processor, tokenizer):
+    text, ids = processor.tokenize("Hello world", add_special_tokens=False)
+
+    assert text == "Hello world"
+    assert ids == tokenizer.encode("Hello world")[1:]
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"add_generation_prompt": False}, "<|user|>\nHi\n<|assistant|>\nWhy\n"),
+        (
+            {"add_generation_prompt": False, "continue_final_message": True},
+            "<|user|>\nHi\n<|assistant|>\nWhy",
+        ),
+    ],
+)
+def test_chat_template_options_shape_the_text(processor, tokenizer, options, expected):
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Why"}]
+
+    prompt = processor.apply_chat_template(messages, **options)
+
+    assert prompt["prompt"] == expected
+    assert prompt["prompt_token_ids"] == tokenizer.encode(expected, add_special_tokens=False)
+
+
+def test_chat_template_with_special_tokens_adds_a_bos(processor, tokenizer):
+    messages = [{"role": "user", "content": "Hi"}]
+
+    prompt = processor.apply_chat_template(messages, add_special_tokens=True)
+
+    assert prompt["prompt_token_ids"] == tokenizer.encode("<|user|>\nHi\n<|assistant|>\n")
+    assert prompt["prompt_token_ids"][0] == tokenizer.bos_token_id
+
+
+def test_detokenize_keeps_special_tokens_and_refuses_ids_outside_the_vocabulary(
+    processor, tokenizer
+):
+    assert processor.detokenize(tokenizer.encode("Hello world")) == "<s>Hello world"
+    for bad in (-1, len(tokenizer)):
+        with pytest.raises(InvalidRequestError, match=f"token 1 is {bad}, outside"):
+            processor.detokenize([5, bad])

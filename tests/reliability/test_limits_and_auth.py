@@ -43,6 +43,8 @@ def test_without_a_valid_key_every_api_route_is_401(server, headers):
     for method, path in (
         ("POST", "/v1/completions"),
         ("POST", "/v1/chat/completions"),
+        ("POST", "/tokenize"),
+        ("POST", "/detokenize"),
         ("GET", "/v1/models"),
         ("GET", "/docs"),
         ("GET", "/openapi.json"),
@@ -59,6 +61,8 @@ def test_each_configured_key_works_and_health_and_metrics_stay_open(server):
     body = {"prompt": "Hello", "max_tokens": 2}
     for key in API_KEYS:
         response = post(server, "/v1/completions", body, {"Authorization": f"Bearer {key}"})
+        assert response.status_code == 200, response.text
+        response = post(server, "/tokenize", body, {"Authorization": f"Bearer {key}"})
         assert response.status_code == 200, response.text
     assert httpx.get(server.address + "/health").status_code == 200
     assert httpx.get(server.address + "/metrics").status_code == 200

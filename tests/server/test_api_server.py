@@ -569,3 +569,96 @@ def test_metrics_count_the_work_of_each_request(client, tokenizer):
     assert after_second["vlite:num_requests_running"] == 0
     assert after_second["vlite:num_requests_waiting"] == 0
     assert 0 <= after_second["vlite:kv_cache_usage_perc"] <= 1
+
+
+# ---- timings (llama.cpp's) ---------------------------------------------------------------
+
+TIMINGS_KEYS = {
+    "cache_n",
+    "prompt_n",
+    "prompt_ms",
+    "prompt_per_token_ms",
+    "prompt_per_second",
+    "predicted_n",
+    "predicted_ms",
+    "predicted_per_token_ms",
+    "predicted_per_second",
+    "queue_ms",
+}
+
+
+def check_timings(timings: dict, usage: dict) -> None:
+    """The counts agree with the usage, the times are measured, the rates follow from them."""
+    assert set(timings) == TIMINGS_KEYS
+    assert timings["prompt_n"] + timings["cache_n"] == usage["prompt_tokens"]
+    assert timings["prompt_n"] >= 1  # the prompt's last token is always computed
+    assert timings["predicted_n"] == usage["completion_tokens"]
+    for name in ("prompt_ms", "predicted_ms", "queue_ms"):
+        assert timings[name] is not None and timings[name] >= 0, name
+    assert timings["prompt_ms"] > 0  # a forward pass takes time
+    assert timings["prompt_per_second"] == pytest.approx(
+        timings["prompt_n"] * 1000 / timings["prompt_ms"]
+    )
+    assert timings["prompt_per_token_ms"] == pytest.approx(
+        timings["prompt_ms"] / timings["prompt_n"]
+    )
+    if timings["predicted_n"] > 1:
+        assert timings["predicted_ms"] > 0
+        assert timings["predicted_per_second"] == pytest.approx(
+            timings["predicted_n"] * 1000 / timings["predicted_ms"]
+        )
+
+
+def test_a_completion_reports_its_timings_and_the_prefix_cache_hit_on_a_repeat(client):
+    # A prompt no other test sends, longer than a KV block: the repeat finds it cached.
+    body = greedy(prompt="Language models predict the next word. " * 4, max_tokens=5)
+
+    first = client.post("/v1/completions", json=body).json()
+    repeat = client.post("/v1/completions", json=body).json()
+
+    check_timings(first["timings"], first["usage"])
+    check_timings(repeat["timings"], repeat["usage"])
+    assert first["timings"]["cache_n"] == 0
+    assert first["timings"]["prompt_n"] == first["usage"]["prompt_tokens"]
+    assert repeat["timings"]["cache_n"] > 0
+    assert repeat["timings"]["predicted_n"] == 5
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"prompt": "Once upon a time"}),
+        ("/v1/chat/completions", {"messages": CHAT}),
+    ],
+    ids=["completions", "chat"],
+)
+def test_timings_end_each_response_streamed_or_not(client, path, body):
+    body = greedy(**body, max_tokens=6)
+    with_usage = {**body, "stream_options": {"include_usage": True}}
+
+    whole = client.post(path, json=body).json()
+    usage_events = stream_events(client, path, with_usage)
+    plain_events = stream_events(client, path, body)
+
+    check_timings(whole["timings"], whole["usage"])
+    # Streamed, the last event carries them: the usage chunk, or the finishing chunk.
+    for events in (usage_events, plain_events):
+        assert ["timings" in event for event in events] == [False] * (len(events) - 1) + [True]
+    check_timings(usage_events[-1]["timings"], usage_events[-1]["usage"])
+    assert plain_events[-1]["choices"][0]["finish_reason"] == "length"
+    check_timings(plain_events[-1]["timings"], whole["usage"])
+
+
+def test_timings_of_samples_and_of_a_stop_string(client):
+    samples = client.post(
+        "/v1/completions", json=greedy(prompt="Hello there", max_tokens=4, n=2, seed=1)
+    ).json()
+    check_timings(samples["timings"], samples["usage"])
+    assert samples["timings"]["predicted_n"] == 8
+
+    # A stop string ends the request in the API process, not in the engine core.
+    body = greedy(prompt="The engine", max_tokens=30)
+    text = client.post("/v1/completions", json=body).json()["choices"][0]["text"]
+    stopped = client.post("/v1/completions", json={**body, "stop": [text[4:6]]}).json()
+    assert stopped["choices"][0]["finish_reason"] == "stop"
+    check_timings(stopped["timings"], stopped["usage"])

@@ -148,7 +148,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     num_cached_tokens: int = 0
     #: One entry per new token, when the request asked for ``logprobs``.
     new_logprobs: list[SampledLogprobs] | None = None
-    #: On a request's last output: when it was first scheduled (``time.monotonic()``).
+    #: On the output that brings a request's first tokens and on its last output: when it
+    #: was first scheduled (``time.monotonic()``).
     first_scheduled_time: float | None = None
     #: With ``finish_reason="stop"``: the last token is part of the text (a grammar ended
     #: on it), not a stopping token (EOS or a stop token id, whose text is not shown).

@@ -748,6 +748,7 @@ class Scheduler:
                     new_token_ids,
                     num_cached_tokens=request.num_cached_tokens,
                     new_logprobs=new_logprobs[: len(new_token_ids)] if new_logprobs else None,
+                    first_scheduled_time=_on_first_tokens(request, new_token_ids),
                 )
             )
             output.prompt_logprobs = request.take_prompt_logprobs()
@@ -808,6 +809,15 @@ def _final_output(
         request.first_scheduled_time,
         request.shows_last_token,
     )
+
+
+def _on_first_tokens(request: Request, new_token_ids: list[int]) -> float | None:
+    """When the request was first scheduled, on the output that brings its first tokens
+    (else ``None``): a request that a stop string ends in the front end gets no last output
+    from here, yet its queue and prompt times need this."""
+    if new_token_ids and request.num_output_tokens == len(new_token_ids):
+        return request.first_scheduled_time
+    return None
 
 
 def _qualified_name(cls: type) -> str:

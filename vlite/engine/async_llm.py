@@ -17,6 +17,7 @@ the least-loaded core); everything above the client stays one.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -176,23 +177,47 @@ class AsyncLLM:
         """A prompt dict (text and token ids) for a conversation, ready for a reply."""
         return self.input_processor.apply_chat_template(messages)
 
-    async def tokenize(self, prompt: Prompt) -> dict[str, Any]:
+    async def tokenize(self, prompt: Prompt, *, add_special_tokens: bool = True) -> dict[str, Any]:
         """``{"prompt": text, "prompt_token_ids": ids}`` for a prompt, tokenized on a worker
         thread so that a long prompt does not hold up the event loop (``generate`` then
-        uses the ids as they are)."""
-        loop = asyncio.get_running_loop()
-        text, ids = await loop.run_in_executor(
-            self._tokenizer_pool, self.input_processor.tokenize, prompt
+        uses the ids as they are). ``add_special_tokens``: see
+        :meth:`InputProcessor.tokenize <vlite.engine.input_processor.InputProcessor.tokenize>`."""
+        tokenize = functools.partial(
+            self.input_processor.tokenize, prompt, add_special_tokens=add_special_tokens
         )
+        text, ids = await asyncio.get_running_loop().run_in_executor(self._tokenizer_pool, tokenize)
         return {"prompt": text, "prompt_token_ids": ids}
 
     async def apply_chat_template_async(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        add_special_tokens: bool = False,
     ) -> dict[str, Any]:
-        """:meth:`apply_chat_template` on a worker thread (``tools``: for the template)."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._tokenizer_pool, self.input_processor.apply_chat_template, messages, tools
+        """:meth:`apply_chat_template` on a worker thread (``tools``: for the template; the
+        other options: see :meth:`InputProcessor.apply_chat_template
+        <vlite.engine.input_processor.InputProcessor.apply_chat_template>`)."""
+        apply = functools.partial(
+            self.input_processor.apply_chat_template,
+            messages,
+            tools,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            add_special_tokens=add_special_tokens,
+        )
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_pool, apply)
+
+    async def detokenize(self, token_ids: list[int]) -> str:
+        """The text of ``token_ids`` (special tokens included), decoded on a worker thread.
+
+        Raises:
+            InvalidRequestError: an id outside the model's vocabulary.
+        """
+        return await asyncio.get_running_loop().run_in_executor(
+            self._tokenizer_pool, self.input_processor.detokenize, token_ids
         )
 
     # ---- requests ------------------------------------------------------------------

@@ -47,10 +47,16 @@ class InputProcessor:
     def eos_token_id(self) -> int | None:
         return self.tokenizer.eos_token_id
 
-    def tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
-        """``(text, token_ids)`` of a prompt; text is ``None`` for bare token ids."""
+    def tokenize(
+        self, prompt: Prompt, *, add_special_tokens: bool = True
+    ) -> tuple[str | None, list[int]]:
+        """``(text, token_ids)`` of a prompt; text is ``None`` for bare token ids.
+
+        ``add_special_tokens``: whether text gets the tokenizer's own (a BOS), as every
+        prompt that is generated from does; ``/tokenize`` may ask for the bare text's.
+        """
         if isinstance(prompt, str):
-            return prompt, self.tokenizer.encode(prompt)
+            return prompt, self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
         if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             token_ids = _token_id_list(prompt["prompt_token_ids"])
             if self.vocab_size is not None and any(t >= self.vocab_size for t in token_ids):
@@ -91,10 +97,22 @@ class InputProcessor:
         return core_request, text
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        add_special_tokens: bool = False,
     ) -> dict[str, Any]:
         """A prompt dict (text and token ids) for a conversation, ready for a reply
         (``tools``: OpenAI-style tool definitions, for templates that show them).
+
+        The defaults are what a chat completion generates from. ``/tokenize`` may ask for
+        the conversation without the reply's opening (``add_generation_prompt=False``),
+        with its last message left open for the model to go on with
+        (``continue_final_message``), or with the tokenizer's special tokens added on top of
+        the template's (``add_special_tokens``): the meanings of vLLM and ``transformers``.
 
         Raises:
             InvalidRequestError: the tokenizer has no chat template, or the messages do not
@@ -108,7 +126,11 @@ class InputProcessor:
 
         try:
             text = self.tokenizer.apply_chat_template(
-                messages, tools=tools, add_generation_prompt=True, tokenize=False
+                messages,
+                tools=tools,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                tokenize=False,
             )
         except (TemplateError, ValueError, TypeError) as exc:
             # The template rejected these messages (its raise_exception, an undefined
@@ -117,8 +139,24 @@ class InputProcessor:
             raise InvalidRequestError(
                 f"the chat template could not format the messages: {exc}"
             ) from exc
-        token_ids = self.tokenizer.encode(text, add_special_tokens=False)
+        token_ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
         return {"prompt": text, "prompt_token_ids": token_ids}
+
+    def detokenize(self, token_ids: list[int]) -> str:
+        """The text of ``token_ids``, special tokens included (vLLM's ``/detokenize``).
+
+        Raises:
+            InvalidRequestError: an id outside the vocabulary, which the tokenizer would
+                silently drop.
+        """
+        limit = self.vocab_size if self.vocab_size is not None else len(self.tokenizer)
+        for position, token_id in enumerate(token_ids):
+            if not 0 <= token_id < limit:
+                raise InvalidRequestError(
+                    f"token {position} is {token_id}, outside the model's vocabulary "
+                    f"(ids must be in [0, {limit}))"
+                )
+        return self.tokenizer.decode(token_ids)
 
 
 def _token_id_list(token_ids: Any) -> list[int]:

@@ -2,7 +2,8 @@
 
 Endpoints: ``GET /health``, ``GET /v1/models``, ``GET /metrics`` (Prometheus),
 ``POST /v1/completions``, ``POST /v1/chat/completions`` (both streaming with
-``"stream": true``).
+``"stream": true``, both with llama.cpp's ``timings``), and vLLM's ``POST /tokenize`` and
+``POST /detokenize``.
 """
 
 from __future__ import annotations
@@ -29,9 +30,17 @@ from vlite.server.guards import ApiKeyGuard, ASGIApp, Drain, DrainGuard, Request
 from vlite.server.http_protocol import protocol_with_header_timeout
 from vlite.server.metrics import CONTENT_TYPE as METRICS_TYPE
 from vlite.server.metrics import RequestHistograms, render_metrics
-from vlite.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from vlite.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+)
 from vlite.server.serving_chat import ChatServing
 from vlite.server.serving_completions import CompletionServing
+from vlite.server.serving_tokenize import TokenizeServing
 from vlite.server.settings import ServerSettings
 from vlite.worker.cpu_threads import default_cpu_threads, physical_cores
 
@@ -111,6 +120,7 @@ def build_app(
     install_error_handlers(app)
     completions = CompletionServing(engine, served_model_name, settings)
     chat = ChatServing(engine, served_model_name, settings)
+    tokenization = TokenizeServing(engine, served_model_name, settings)
     app.state.engine = engine
 
     @app.get("/health")
@@ -145,6 +155,14 @@ def build_app(
         request: ChatCompletionRequest, raw_request: Request
     ) -> Response:
         return await chat.create(request, raw_request)
+
+    @app.post("/tokenize")
+    async def tokenize(request: TokenizeRequest) -> JSONResponse:
+        return JSONResponse((await tokenization.tokenize(request)).model_dump())
+
+    @app.post("/detokenize")
+    async def detokenize(request: DetokenizeRequest) -> JSONResponse:
+        return JSONResponse((await tokenization.detokenize(request)).model_dump())
 
     guarded: ASGIApp = DrainGuard(app, drain or Drain())
     guarded = RequestSizeGuard(

@@ -26,6 +26,7 @@ from vlite.core.structured_output_params import StructuredOutputsError, Structur
 from vlite.server.errors import OpenAIError
 from vlite.server.protocol import (
     ChatCompletionRequest,
+    ChatTool,
     FunctionCall,
     NamedToolChoice,
     SamplingRequest,
@@ -161,7 +162,7 @@ def tool_plan(request: ChatCompletionRequest) -> ToolPlan:
             "name a function, or 'none'",
             param="tool_choice",
         )
-    template_tools = [tool.model_dump(exclude_none=True) for tool in tools]
+    tools_shown = template_tools(tools)
     if isinstance(choice, NamedToolChoice):
         by_name = {tool.function.name: tool.function for tool in tools}
         function = by_name.get(choice.function.name)
@@ -172,9 +173,14 @@ def tool_plan(request: ChatCompletionRequest) -> ToolPlan:
                 param="tool_choice",
             )
         constraint = _constraint(function.parameters, "tools")
-        return ToolPlan("named", function.name, constraint, template_tools)
+        return ToolPlan("named", function.name, constraint, tools_shown)
     schema = _calls_schema(tools, one_call=not request.parallel_tool_calls)
-    return ToolPlan("required", None, _constraint(schema, "tools"), template_tools)
+    return ToolPlan("required", None, _constraint(schema, "tools"), tools_shown)
+
+
+def template_tools(tools: list[ChatTool]) -> list[dict[str, Any]]:
+    """The tools as the chat template takes them (``/tokenize`` shows them the same way)."""
+    return [tool.model_dump(exclude_none=True) for tool in tools]
 
 
 def _constraint(schema: dict[str, Any], param: str) -> StructuredOutputsParams:

@@ -170,7 +170,79 @@ class ChatCompletionRequest(SamplingRequest):
     top_logprobs: Int32 | None = None
 
 
+class TokenizeRequest(BaseModel):
+    """``POST /tokenize``: vLLM's two request shapes in one, told apart by which of
+    ``prompt`` (a text, tokenized as ``/v1/completions`` tokenizes it) and ``messages`` (a
+    conversation, through the chat template as ``/v1/chat/completions`` applies it) is
+    given; exactly one must be."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    #: Add the tokenizer's special tokens (a BOS); default: true for a prompt (as
+    #: completions do), false for messages (the template writes its own).
+    add_special_tokens: bool | None = None
+    #: Messages only: end with the opening of the assistant's reply; default: true, unless
+    #: ``continue_final_message``.
+    add_generation_prompt: bool | None = None
+    #: Messages only: leave the last message open, for the model to go on with it.
+    continue_final_message: bool = False
+    #: Messages only: the tools, shown to the template as a chat request with a forced
+    #: ``tool_choice`` shows them.
+    tools: list[ChatTool] | None = None
+    #: Also return each token's string (the tokenizer's own pieces, vLLM's ``token_strs``).
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    """``POST /detokenize``: token ids back to text."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    tokens: list[Int32]
+
+
 # ---- responses --------------------------------------------------------------------------
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    #: The context length: whether the tokens fit is the caller's question.
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+class Timings(BaseModel):
+    """One request's timings, llama.cpp server's ``timings`` object plus ``queue_ms``.
+
+    As in llama.cpp, ``prompt_n`` counts the prompt tokens computed and ``cache_n`` those
+    the prefix cache served (together: ``usage.prompt_tokens``); ``prompt_ms`` runs from
+    the request's first scheduling to its first token, ``predicted_ms`` from the first
+    token to the last, and ``predicted_n`` counts every generated token (the first one's
+    time is in ``prompt_ms``). A rate or per-token time whose divisor is 0 is ``null`` (as
+    llama.cpp's JSON shows its infinities). ``queue_ms``: from arrival (after tokenizing)
+    to the first scheduling. Times are in milliseconds, as the API process saw the tokens
+    arrive.
+    """
+
+    cache_n: int
+    prompt_n: int
+    prompt_ms: float | None
+    prompt_per_token_ms: float | None
+    prompt_per_second: float | None
+    predicted_n: int
+    predicted_ms: float | None
+    predicted_per_token_ms: float | None
+    predicted_per_second: float | None
+    queue_ms: float | None
 
 
 class UsageInfo(BaseModel):

@@ -1,4 +1,5 @@
-"""What completions and chat share: sampling options, running a request, SSE, disconnects."""
+"""What the endpoints share: the model's name and the prompt limits; for completions and
+chat, sampling options, running a request, SSE, disconnects and the ``timings``."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from vlite.server.errors import OpenAIError, from_exception, shorten
 from vlite.server.output_constraints import logit_bias_of, request_constraint
 from vlite.server.protocol import SamplingRequest, UsageInfo, random_id
 from vlite.server.settings import ServerSettings
+from vlite.server.timings import with_timings
 
 T = TypeVar("T")
 
@@ -88,13 +90,7 @@ class OpenAIServing:
 
     def check_request(self, request: SamplingRequest) -> None:
         """Reject a request for another model, an unsupported feature, or over a limit."""
-        if request.model is not None and request.model != self.served_model_name:
-            raise OpenAIError(
-                f"the model {shorten(request.model)} does not exist; this server serves "
-                f"{self.served_model_name!r}",
-                status=404,
-                param="model",
-            )
+        self.check_model(request.model)
         for name, unset_values in self.unsupported_fields.items():
             value = getattr(request, name)
             if not any(value == unset for unset in unset_values):
@@ -103,6 +99,16 @@ class OpenAIServing:
                     param=name,
                 )
         self._check_limits(request)
+
+    def check_model(self, model: str | None) -> None:
+        """Refuse (404, as OpenAI) a request that names a model this server does not serve."""
+        if model is not None and model != self.served_model_name:
+            raise OpenAIError(
+                f"the model {shorten(model)} does not exist; this server serves "
+                f"{self.served_model_name!r}",
+                status=404,
+                param="model",
+            )
 
     def _check_limits(self, request: SamplingRequest) -> None:
         limits = self.settings
@@ -214,10 +220,9 @@ class OpenAIServing:
             return Response(status_code=499)
         choices = self.final_choices(request, choices)
         num_generated = sum(len(choice.token_ids) for choice in choices)
-        response = self.response(
-            request_id, request, choices, usage(len(last.prompt_token_ids), num_generated), last
-        )
-        return JSONResponse(response.model_dump())
+        total = usage(len(last.prompt_token_ids), num_generated)
+        response = self.response(request_id, request, choices, total, last)
+        return JSONResponse(with_timings(response.model_dump(), last, total))
 
     async def _events(
         self,
@@ -227,29 +232,48 @@ class OpenAIServing:
         request: SamplingRequest,
         n: int,
     ) -> AsyncIterator[str]:
-        """SSE events: the opening ones, each output's deltas, usage (if asked), [DONE]; an
-        error after the stream started becomes an error event."""
+        """SSE events: the opening ones, each output's deltas, usage (if asked), [DONE]; the
+        last before [DONE] carries the ``timings``; an error after the stream started
+        becomes an error event."""
         for payload in self.opening_events(request_id, n):
             yield sse(payload)
         output, num_tokens = first, 0
         state: dict[int, Any] = {}
         try:
             while True:
+                payloads: list[dict[str, Any]] = []
                 for completion in output.outputs:
                     num_tokens += len(completion.token_ids)
-                    for payload in self.delta_events(request_id, request, completion, state):
-                        yield sse(payload)
+                    payloads += self.delta_events(request_id, request, completion, state)
                 if output.finished:
                     break
+                for payload in payloads:
+                    yield sse(payload)
                 output = await anext(stream)
-            if request.include_usage:
-                total = usage(len(output.prompt_token_ids), num_tokens)
-                yield sse(self.usage_event(request_id, total))
+            for payload in self._closing_events(request_id, request, output, num_tokens, payloads):
+                yield sse(payload)
         except Exception as exc:
             yield sse_error(exc)
         finally:
             await stream.aclose()
         yield DONE
+
+    def _closing_events(
+        self,
+        request_id: str,
+        request: SamplingRequest,
+        last: RequestOutput,
+        num_tokens: int,
+        payloads: list[dict[str, Any]],
+    ) -> list[dict[str, Any]]:
+        """The last output's ``payloads`` and the usage chunk (if asked); the very last of
+        them carries the ``timings``, where llama.cpp's stream has them."""
+        total = usage(len(last.prompt_token_ids), num_tokens)
+        if request.include_usage:
+            payloads = [*payloads, self.usage_event(request_id, total)]
+        if payloads:
+            with_timings(payloads[-1], last, total)
+        return payloads
 
     # ---- the shapes (endpoints override) -------------------------------------------
 

@@ -8,9 +8,9 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response
 
-from vlite.core.errors import InvalidRequestError
 from vlite.core.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from vlite.core.sampling_params import MAX_LOGPROBS
+from vlite.server.chat_prompt import chat_prompt
 from vlite.server.errors import OpenAIError
 from vlite.server.logprobs import chat_logprobs, prompt_logprobs_json
 from vlite.server.output_constraints import ToolPlan, tool_plan
@@ -20,7 +20,6 @@ from vlite.server.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatLogProbs,
-    ChatMessage,
     ChatResponseMessage,
     ChatStreamChoice,
     DeltaFunctionCall,
@@ -49,12 +48,7 @@ class ChatServing(OpenAIServing):
         self.check_request(request)
         num_top = _num_top_logprobs(request)
         plan = tool_plan(request)
-        messages = _template_messages(request.messages)
-        self.check_prompt_chars(sum(len(m["content"]) for m in messages), "messages")
-        try:
-            prompt = await self.engine.apply_chat_template_async(messages, plan.tools)
-        except InvalidRequestError as exc:
-            raise OpenAIError(str(exc), param="messages") from None
+        prompt = await chat_prompt(self, request.messages, plan.tools)
         num_prompt_tokens = len(prompt["prompt_token_ids"])
         max_tokens = request.max_completion_tokens or request.max_tokens
         self.check_length(num_prompt_tokens, max_tokens, "messages")
@@ -220,19 +214,3 @@ def _logprobs(
     if num_top is None:
         return None
     return chat_logprobs(token_ids, logprobs, num_top)
-
-
-def _template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """Messages for the chat template; content parts must be text (joined)."""
-    result = []
-    for index, message in enumerate(messages):
-        content = message.content
-        if isinstance(content, list):
-            if any(part.get("type") != "text" for part in content):
-                raise OpenAIError(
-                    f"messages[{index}].content has a non-text part; only text is supported",
-                    param=f"messages.{index}.content",
-                )
-            content = "".join(str(part.get("text", "")) for part in content)
-        result.append({"role": message.role, "content": content or ""})
-    return result
