@@ -22,10 +22,16 @@ import traceback
 import warnings
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import pluggy
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 from vlite.core import hookspecs
 from vlite.core.errors import ConfigError, PluginError
@@ -51,7 +57,7 @@ def builtin_plugin_modules() -> tuple[str, ...]:
         PluginError: the metadata lists none (an install from before they were declared
             there): reinstalling vlite writes them.
     """
-    modules = tuple(
+    modules = _source_checkout_builtins() or tuple(
         entry_point.value
         for entry_point in metadata.entry_points(group=BUILTIN_GROUP)
         if entry_point.dist is None or entry_point.dist.name == "vlite"
@@ -62,6 +68,26 @@ def builtin_plugin_modules() -> tuple[str, ...]:
             f"{BUILTIN_GROUP!r}); reinstall vlite, e.g. pip install -e ."
         )
     return modules
+
+
+def _source_checkout_builtins() -> tuple[str, ...]:
+    """The built-in modules the ``pyproject.toml`` beside the imported ``vlite`` package
+    lists, when vlite is imported from a source checkout (empty otherwise).
+
+    The installed metadata is a copy of that file made at install time: a checkout that
+    gained a built-in since (another branch, a worktree on ``PYTHONPATH``) would otherwise
+    import its code but register the plugins of the install.
+    """
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    if not pyproject.is_file():
+        return ()
+    try:
+        project = tomllib.loads(pyproject.read_text()).get("project", {})
+    except (OSError, tomllib.TOMLDecodeError):
+        return ()
+    if project.get("name") != "vlite":
+        return ()
+    return tuple(project.get("entry-points", {}).get(BUILTIN_GROUP, {}).values())
 
 
 def vlite_version() -> str:
@@ -344,7 +370,7 @@ def registration_problem(kind: str, obj: Any) -> str | None:
     if descriptor.subclassed and not issubclass(obj, interface):
         return f"does not subclass {_qualified(interface)}"
     abstract = sorted(getattr(obj, "__abstractmethods__", ()))
-    if kind == "weight_format" and abstract:
+    if kind in ("weight_format", "tool_parser") and abstract:
         return f"does not implement {', '.join(abstract)}"
     missing = [m for m in descriptor.required_methods if not callable(getattr(obj, m, None))]
     if missing:
