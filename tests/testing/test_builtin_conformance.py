@@ -22,6 +22,7 @@ from vlite.testing import (
     SamplerConformance,
     SchedulerConformance,
     StructuredOutputBackendConformance,
+    ToolParserConformance,
     WeightFormatConformance,
 )
 from vlite.testing.conformance import CONFORMANCE_SUITES
@@ -134,6 +135,17 @@ class TestBuiltinProposers(ProposerConformance):
         return request.param
 
 
+class TestBuiltinToolParsers(ToolParserConformance):
+    """Each on the golden outputs of its own class."""
+
+    load_entry_points = False
+
+    @pytest.fixture(scope="class", params=builtin_names("tool_parser"))
+    @classmethod
+    def conformance_plugin_name(cls, request) -> str:
+        return request.param
+
+
 def model_params() -> list:
     """Every built-in architecture; all but Llama's are ``slow`` (the oracle,
     ``tests/e2e/test_oracle.py``, holds each to transformers at more lengths)."""
@@ -163,6 +175,7 @@ TESTED_KINDS = {
         TestBuiltinLogitsProcessors,
         TestBuiltinWeightFormats,
         TestBuiltinProposers,
+        TestBuiltinToolParsers,
         TestBuiltinModels,
     )
 }
