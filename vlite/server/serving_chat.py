@@ -31,6 +31,8 @@ from vlite.server.protocol import (
     UsageInfo,
 )
 from vlite.server.serving import UNSUPPORTED_FIELDS, Choice, OpenAIServing
+from vlite.server.settings import ServerSettings
+from vlite.server.tool_calls import ToolCallStream, new_stream, tool_parser_class
 
 
 class ChatServing(OpenAIServing):
@@ -39,16 +41,33 @@ class ChatServing(OpenAIServing):
     With ``tools`` and a forced ``tool_choice`` the output is constrained to the call(s)
     and the reply carries ``message.tool_calls`` (see
     :mod:`vlite.server.output_constraints`); streamed, a named function's arguments arrive
-    as they are generated, ``"required"``'s calls once the list is complete.
+    as they are generated, ``"required"``'s calls once the list is complete. With
+    ``tool_choice="auto"`` the server's tool-call parser (``settings.tool_call_parser``)
+    reads the calls from free text, streamed or not (:mod:`vlite.server.tool_calls`).
+
+    Raises:
+        ConfigError: at construction, ``settings.tool_call_parser`` names no registered
+            tool-call parser.
     """
 
     id_prefix = "chatcmpl"
     unsupported_fields = {k: v for k, v in UNSUPPORTED_FIELDS.items() if k != "tools"}
 
+    def __init__(
+        self, engine: Any, served_model_name: str, settings: ServerSettings | None = None
+    ) -> None:
+        super().__init__(engine, served_model_name, settings)
+        name = self.settings.tool_call_parser
+        self.tool_parser_cls = tool_parser_class(name) if name else None
+
+    def tool_plan(self, request: ChatCompletionRequest) -> ToolPlan:
+        """The request's :class:`ToolPlan` (``"auto"`` where this server has a parser)."""
+        return tool_plan(request, has_parser=self.tool_parser_cls is not None)
+
     async def create(self, request: ChatCompletionRequest, raw_request: Request) -> Response:
         self.check_request(request)
         num_top = _num_top_logprobs(request)
-        plan = tool_plan(request)
+        plan = self.tool_plan(request)
         messages = _template_messages(request.messages)
         self.check_prompt_chars(sum(len(m["content"]) for m in messages), "messages")
         try:
@@ -74,11 +93,11 @@ class ChatServing(OpenAIServing):
         last: RequestOutput,
     ) -> ChatCompletionResponse:
         num_top = _num_top_logprobs(request)
-        plan = tool_plan(request)
+        plan = self.tool_plan(request)
         return ChatCompletionResponse(
             id=request_id,
             model=self.served_model_name,
-            choices=[_chat_choice(choice, plan, num_top) for choice in choices],
+            choices=[self._chat_choice(choice, plan, num_top) for choice in choices],
             usage=total,
             prompt_logprobs=prompt_logprobs_json(last.prompt_logprobs),
         )
@@ -97,9 +116,12 @@ class ChatServing(OpenAIServing):
     ) -> Iterator[dict[str, Any]]:
         """A content delta (with its logprobs, if asked), and the choice's finish reason;
         with a forced tool call, tool-call deltas instead of content."""
-        plan = state.get("plan") or state.setdefault("plan", tool_plan(request))
+        plan = state.get("plan") or state.setdefault("plan", self.tool_plan(request))
         if plan.calls_tools:
             yield from self._tool_call_events(request_id, plan, completion, state)
+            return
+        if plan.parses_calls:
+            yield from self._parsed_call_events(request_id, request, plan, completion, state)
             return
         logprobs = _logprobs(
             _num_top_logprobs(request), completion.token_ids, completion.logprobs or []
@@ -141,6 +163,52 @@ class ChatServing(OpenAIServing):
                 yield self._chunk(request_id, index, _call_delta(position, call))
         reason = _finish_reason(completion.finish_reason, calls)
         yield self._chunk(request_id, index, DeltaMessage(), reason)
+
+    def _parsed_call_events(
+        self,
+        request_id: str,
+        request: ChatCompletionRequest,
+        plan: ToolPlan,
+        completion: CompletionOutput,
+        state: dict,
+    ) -> Iterator[dict[str, Any]]:
+        """``tool_choice="auto"``: what the parser settles of each delta, as content or
+        call deltas (a call's index, id, type and name once, then its arguments); the
+        step's logprobs ride on its first chunk."""
+        index = completion.index
+        stream: ToolCallStream = state.get(("parser", index)) or state.setdefault(
+            ("parser", index), new_stream(self.tool_parser_cls, plan.tools or [])
+        )
+        deltas = stream.feed(completion.text)
+        if completion.finished:
+            deltas += stream.finish()
+        logprobs = _logprobs(
+            _num_top_logprobs(request), completion.token_ids, completion.logprobs or []
+        )
+        if not deltas and logprobs is not None and completion.token_ids:
+            deltas = [DeltaMessage()]
+        for position, delta in enumerate(deltas):
+            step_logprobs = logprobs if position == 0 else None
+            yield self._chunk(request_id, index, delta, logprobs=step_logprobs)
+        if completion.finished:
+            reason = completion.finish_reason
+            if stream.num_calls and reason == "stop":
+                reason = "tool_calls"
+            yield self._chunk(request_id, index, DeltaMessage(), reason)
+
+    def _chat_choice(self, choice: Choice, plan: ToolPlan, num_top: int | None) -> ChatChoice:
+        """A whole reply; with ``tool_choice="auto"``, through the same parser path as a
+        stream."""
+        if not plan.parses_calls:
+            return _chat_choice(choice, plan, num_top)
+        reply = new_stream(self.tool_parser_cls, plan.tools or []).whole(choice.text)
+        return ChatChoice(
+            index=choice.index,
+            message=ChatResponseMessage(content=reply.content, tool_calls=reply.tool_calls),
+            logprobs=_logprobs(num_top, choice.token_ids, choice.logprobs),
+            finish_reason=_finish_reason(choice.finish_reason, reply.tool_calls),
+            stop_reason=choice.stop_reason,
+        )
 
     def usage_event(self, request_id: str, total: UsageInfo) -> dict[str, Any]:
         chunk = ChatCompletionChunk(
@@ -222,8 +290,14 @@ def _logprobs(
     return chat_logprobs(token_ids, logprobs, num_top)
 
 
+#: Fields of a message the chat template gets as they came: an assistant's earlier calls,
+#: and a tool result's call id and function name.
+TEMPLATE_PASSTHROUGH = ("tool_calls", "tool_call_id", "name")
+
+
 def _template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """Messages for the chat template; content parts must be text (joined)."""
+    """Messages for the chat template; content parts must be text (joined); the fields of
+    :data:`TEMPLATE_PASSTHROUGH` (tool calls and tool results) go through unchanged."""
     result = []
     for index, message in enumerate(messages):
         content = message.content
@@ -234,5 +308,7 @@ def _template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
                     param=f"messages.{index}.content",
                 )
             content = "".join(str(part.get("text", "")) for part in content)
-        result.append({"role": message.role, "content": content or ""})
+        extra = message.model_extra or {}
+        passed = {key: extra[key] for key in TEMPLATE_PASSTHROUGH if extra.get(key) is not None}
+        result.append({"role": message.role, "content": content or "", **passed})
     return result
