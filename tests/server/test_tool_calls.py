@@ -198,3 +198,13 @@ def test_auto_without_a_parser_is_a_400_naming_the_flag():
 def test_an_unknown_parser_is_refused_naming_the_registered_ones():
     with pytest.raises(ConfigError, match="--tool-call-parser 'nope'.*hermes, llama3_json"):
         tool_parser_class("nope")
+
+
+def test_vlite_serve_refuses_an_unknown_parser_before_the_engine_starts():
+    import click
+
+    from vlite.cli.serve import _check_tool_call_parser
+
+    with pytest.raises(click.ClickException, match="registered: hermes, llama3_json"):
+        _check_tool_call_parser(ServerSettings(tool_call_parser="nope"))
+    _check_tool_call_parser(ServerSettings(tool_call_parser="pythonic"))
