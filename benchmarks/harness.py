@@ -129,6 +129,9 @@ def export_gguf_as_hf_folder(gguf_dir: Path, gguf_name: str, folder: Path) -> No
     partial = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
     partial.mkdir(parents=True, exist_ok=True)
     model.config.architectures = [type(model).__name__]
+    # The weights are saved dequantized: the folder is a plain float32 checkpoint.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
     model.config.save_pretrained(partial)
     tokenizer.save_pretrained(partial)
     state = model.state_dict()

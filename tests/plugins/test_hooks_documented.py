@@ -27,6 +27,7 @@ from vlite.plugins.proposers.ngram import NgramProposer
 from vlite.plugins.samplers.default import DefaultSampler
 from vlite.plugins.schedulers.fcfs import FcfsPolicy
 from vlite.plugins.structured_outputs.xgrammar_backend import XGrammarBackend
+from vlite.plugins.tool_parsers.hermes import HermesToolParser
 from vlite.plugins.weight_formats.gguf import GGUFBlockFormat
 from vlite.testing.tiny_gguf import write_tiny_gguf
 
@@ -47,6 +48,7 @@ INTERFACES = {
     "logits_processor": "LogitsProcessor",
     "proposer": "Proposer",
     "weight_format": "WeightFormat",
+    "tool_parser": "ToolParser",
 }
 
 
@@ -179,6 +181,12 @@ class RecordingProposer(NgramProposer):
         return super().propose(requests)
 
 
+class RecordingToolParser(HermesToolParser):
+    def feed(self, delta_text):
+        CALLS["tool_parser.feed"] += 1
+        return super().feed(delta_text)
+
+
 class RecordingWeightFormat(GGUFBlockFormat):
     def linear(self, weight, x):
         CALLS["weight_format.linear"] += 1
@@ -207,6 +215,11 @@ class RecordingPlugin:
     def register_proposers(self, register):
         CALLS["register_proposers"] += 1
         register("recording", RecordingProposer)
+
+    @vlite.hookimpl
+    def register_tool_parsers(self, register):
+        CALLS["register_tool_parsers"] += 1
+        register("recording", RecordingToolParser)
 
     @vlite.hookimpl
     def register_schedulers(self, register):
@@ -260,8 +273,8 @@ def test_registration_hooks_are_called_and_the_engine_uses_what_they_register(ti
     plain = SamplingParams(max_tokens=8, temperature=0.5, seed=1, ignore_eos=True)
     outputs = llm.generate(["Hello", "Hello"], [params, plain], use_tqdm=False)
     assert [len(output.outputs[0].token_ids) for output in outputs] == [3, 8]
-    # weight_format: a float model, see the next test.
-    for kind in set(PLUGIN_KINDS) - {"weight_format"}:
+    # weight_format: a float model, see the next test; tool_parser: the server's, see below.
+    for kind in set(PLUGIN_KINDS) - {"weight_format", "tool_parser"}:
         used = [key for key in CALLS if key.startswith(f"{kind}.")]
         assert used and all(CALLS[key] >= 3 for key in used), f"the {kind} was not used"
 
@@ -293,6 +306,25 @@ def test_a_registered_proposer_is_found_by_name_and_drafts():
     request = DraftRequest("a", [1, 2, 3, 1, 2], num_prompt_tokens=3, max_drafts=2)
     assert proposer.propose([request]) == {"a": [3, 1]}
     assert CALLS["proposer.propose"] == 1
+
+
+def test_a_registered_tool_parser_is_what_the_server_reads_calls_with():
+    """register_tool_parsers fills the registry's tool parsers; the server's chat endpoint
+    builds the one ``--tool-call-parser`` names, per reply, and feeds it the text."""
+    from vlite.server.output_constraints import ToolPlan
+    from vlite.server.tool_calls import new_stream, tool_parser_class
+
+    CALLS.clear()
+    registry = PluginRegistry(build_plugin_manager(extra_plugins=(RecordingPlugin(),)))
+    assert CALLS["register_tool_parsers"] == 1
+    cls = tool_parser_class("recording", registry)
+    assert cls is RecordingToolParser
+    plan = ToolPlan("auto", tools=[{"type": "function", "function": {"name": "f"}}])
+    reply = new_stream(cls, plan.tools).whole(
+        '<tool_call>{"name": "f", "arguments": {}}</tool_call>'
+    )
+    assert reply.content is None and reply.tool_calls[0].function.name == "f"
+    assert CALLS["tool_parser.feed"] == 1
 
 
 CLI_PLUGIN = """
@@ -334,6 +366,7 @@ EXERCISED_BY = {
     "register_cli_commands": test_register_cli_commands_is_called_by_main,
     "register_weight_formats": test_a_registered_weight_format_computes_a_quantized_model,
     "register_proposers": test_a_registered_proposer_is_found_by_name_and_drafts,
+    "register_tool_parsers": test_a_registered_tool_parser_is_what_the_server_reads_calls_with,
 }
 
 

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from vlite.core.plugins import PLUGIN_KINDS, PluginRegistry, build_plugin_manager
+from vlite.core.proposer import WorkerProposer
 from vlite.testing import (
     AttentionBackendConformance,
     ExecutorConformance,
@@ -22,6 +23,7 @@ from vlite.testing import (
     SamplerConformance,
     SchedulerConformance,
     StructuredOutputBackendConformance,
+    ToolParserConformance,
     WeightFormatConformance,
 )
 from vlite.testing.conformance import CONFORMANCE_SUITES
@@ -125,10 +127,31 @@ class TestBuiltinWeightFormats(WeightFormatConformance):
         return request.param
 
 
+def engine_proposer_names() -> list[str]:
+    """The built-in proposers the suite asks directly: a worker proposer's drafts come from
+    the workers' draft model (tests/e2e/test_draft_model.py checks ``draft_model``)."""
+    return [
+        name
+        for name in builtin_names("proposer")
+        if not issubclass(BUILTINS.get("proposer", name), WorkerProposer)
+    ]
+
+
 class TestBuiltinProposers(ProposerConformance):
     load_entry_points = False
 
-    @pytest.fixture(scope="class", params=builtin_names("proposer"))
+    @pytest.fixture(scope="class", params=engine_proposer_names())
+    @classmethod
+    def conformance_plugin_name(cls, request) -> str:
+        return request.param
+
+
+class TestBuiltinToolParsers(ToolParserConformance):
+    """Each on the golden outputs of its own class."""
+
+    load_entry_points = False
+
+    @pytest.fixture(scope="class", params=builtin_names("tool_parser"))
     @classmethod
     def conformance_plugin_name(cls, request) -> str:
         return request.param
@@ -163,6 +186,7 @@ TESTED_KINDS = {
         TestBuiltinLogitsProcessors,
         TestBuiltinWeightFormats,
         TestBuiltinProposers,
+        TestBuiltinToolParsers,
         TestBuiltinModels,
     )
 }

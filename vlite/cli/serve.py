@@ -72,6 +72,7 @@ def serve_command(config_file, **options):
     overrides = pop_engine_overrides(options)
     config = build_config(config_file, overrides)
     settings = build_settings(ServerSettings, server_overrides)
+    _check_tool_call_parser(settings)
 
     from vlite.engine.exceptions import EngineStartupError
     from vlite.server.api_server import ApiServer, bind_socket, with_serving_defaults
@@ -97,6 +98,19 @@ def serve_command(config_file, **options):
         click.echo("vlite server stopped: the engine core died", err=True)
         raise SystemExit(server.exit_code)
     click.echo("vlite server stopped", err=True)
+
+
+def _check_tool_call_parser(settings: ServerSettings) -> None:
+    """Refuse an unknown ``--tool-call-parser`` before the engine starts, naming the
+    registered ones."""
+    if settings.tool_call_parser is None:
+        return
+    from vlite.server.tool_calls import tool_parser_class
+
+    try:
+        tool_parser_class(settings.tool_call_parser)
+    except VliteError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def _announce(server) -> None:

@@ -106,6 +106,13 @@ KINDS: tuple[PluginKind, ...] = (
         f"{_SUITES}.weight_format.WeightFormatConformance",
         subclassed=True,
     ),
+    PluginKind(
+        "tool_parser",
+        "register_tool_parsers",
+        "vlite.core.tool_parser.ToolParser",
+        f"{_SUITES}.tool_parser.ToolParserConformance",
+        subclassed=True,
+    ),
 )
 
 #: Kind name -> its descriptor.

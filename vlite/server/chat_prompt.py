@@ -44,8 +44,14 @@ async def chat_prompt(
         raise OpenAIError(str(exc), param="messages") from None
 
 
+#: Fields of a message the chat template gets as they came: an assistant's earlier calls,
+#: and a tool result's call id and function name.
+TEMPLATE_PASSTHROUGH = ("tool_calls", "tool_call_id", "name")
+
+
 def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """Messages for the chat template; content parts must be text (joined)."""
+    """Messages for the chat template; content parts must be text (joined); the fields of
+    :data:`TEMPLATE_PASSTHROUGH` (tool calls and tool results) go through unchanged."""
     result = []
     for index, message in enumerate(messages):
         content = message.content
@@ -56,5 +62,7 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
                     param=f"messages.{index}.content",
                 )
             content = "".join(str(part.get("text", "")) for part in content)
-        result.append({"role": message.role, "content": content or ""})
+        extra = message.model_extra or {}
+        passed = {key: extra[key] for key in TEMPLATE_PASSTHROUGH if extra.get(key) is not None}
+        result.append({"role": message.role, "content": content or "", **passed})
     return result

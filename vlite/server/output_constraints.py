@@ -8,9 +8,11 @@
 - chat ``tools`` with ``tool_choice``: ``"required"`` constrains the output to a JSON list
   of calls ``[{"name": ..., "parameters": {...}}]`` of the given functions (one call when
   ``parallel_tool_calls`` is false), a named function to that function's argument schema;
-  the reply's ``message.tool_calls`` is parsed back from that text. ``"auto"`` needs a
-  parser that tells a call from prose, which vlite does not have: it is a 400 naming the
-  choices that work. ``"none"`` ignores the tools.
+  the reply's ``message.tool_calls`` is parsed back from that text. ``"auto"`` (the
+  default with tools) leaves the output free and needs the server's tool-call parser
+  (``vlite serve --tool-call-parser``, see :mod:`vlite.server.tool_calls`) to tell a call
+  from prose; without one it is a 400 naming the flag and the choices that work.
+  ``"none"`` ignores the tools.
 
 At most one constraint per request: two (say ``response_format`` and a forced tool call)
 are a 400 naming both.
@@ -108,8 +110,9 @@ class ToolPlan:
     """How a chat request's tools shape its output and its reply.
 
     Attributes:
-        mode: ``"none"`` (plain text), ``"required"`` (a JSON list of calls) or ``"named"``
-            (the arguments of ``function_name``).
+        mode: ``"none"`` (plain text), ``"required"`` (a JSON list of calls), ``"named"``
+            (the arguments of ``function_name``) or ``"auto"`` (free text, whose calls the
+            server's tool-call parser reads).
         constraint: the output's constraint (``None`` in mode ``"none"``).
         tools: the tools as the chat template takes them (``None`` in mode ``"none"``).
     """
@@ -121,7 +124,13 @@ class ToolPlan:
 
     @property
     def calls_tools(self) -> bool:
-        return self.mode != "none"
+        """Whether the output is constrained to calls (``"required"``, ``"named"``)."""
+        return self.mode in ("required", "named")
+
+    @property
+    def parses_calls(self) -> bool:
+        """Whether the server's tool-call parser reads the calls (``"auto"``)."""
+        return self.mode == "auto"
 
     def tool_calls(self, text: str) -> list[ToolCall] | None:
         """The calls in an output that followed the constraint; ``None`` if ``text`` does
@@ -143,26 +152,30 @@ def _call(name: str, arguments: Any) -> ToolCall:
     )
 
 
-def tool_plan(request: ChatCompletionRequest) -> ToolPlan:
-    """What the request's ``tools`` and ``tool_choice`` ask for.
+def tool_plan(request: ChatCompletionRequest, has_parser: bool = False) -> ToolPlan:
+    """What the request's ``tools`` and ``tool_choice`` ask for (``has_parser``: whether
+    the server has a tool-call parser, which ``"auto"`` needs).
 
     Raises:
-        OpenAIError: ``tool_choice`` without tools, ``"auto"`` (the default with tools), a
-            named function that is not among the tools.
+        OpenAIError: ``tool_choice`` without tools, ``"auto"`` (the default with tools)
+            without a parser, a named function that is not among the tools.
     """
     choice, tools = request.tool_choice, request.tools or []
     if choice not in (None, "none") and not tools:
         raise OpenAIError("tool_choice needs tools", param="tool_choice")
     if not tools or choice == "none":
         return ToolPlan()
+    tools_shown = template_tools(tools)
     if choice in (None, "auto"):
+        if has_parser:
+            return ToolPlan("auto", tools=tools_shown)
         raise OpenAIError(
-            "tool_choice 'auto' (the default when tools are given) is not supported: this "
-            "server has no parser to tell a tool call from text; use tool_choice 'required', "
-            "name a function, or 'none'",
+            "tool_choice 'auto' (the default when tools are given) needs a tool-call parser "
+            "to tell a call from text, and this server has none (start it with "
+            "--tool-call-parser NAME); or use tool_choice 'required', name a function, or "
+            "'none'",
             param="tool_choice",
         )
-    tools_shown = template_tools(tools)
     if isinstance(choice, NamedToolChoice):
         by_name = {tool.function.name: tool.function for tool in tools}
         function = by_name.get(choice.function.name)

@@ -30,6 +30,8 @@ from vlite.server.protocol import (
     UsageInfo,
 )
 from vlite.server.serving import UNSUPPORTED_FIELDS, Choice, OpenAIServing
+from vlite.server.settings import ServerSettings
+from vlite.server.tool_calls import ToolCallStream, new_stream, tool_parser_class
 
 
 class ChatServing(OpenAIServing):
@@ -38,16 +40,33 @@ class ChatServing(OpenAIServing):
     With ``tools`` and a forced ``tool_choice`` the output is constrained to the call(s)
     and the reply carries ``message.tool_calls`` (see
     :mod:`vlite.server.output_constraints`); streamed, a named function's arguments arrive
-    as they are generated, ``"required"``'s calls once the list is complete.
+    as they are generated, ``"required"``'s calls once the list is complete. With
+    ``tool_choice="auto"`` the server's tool-call parser (``settings.tool_call_parser``)
+    reads the calls from free text, streamed or not (:mod:`vlite.server.tool_calls`).
+
+    Raises:
+        ConfigError: at construction, ``settings.tool_call_parser`` names no registered
+            tool-call parser.
     """
 
     id_prefix = "chatcmpl"
     unsupported_fields = {k: v for k, v in UNSUPPORTED_FIELDS.items() if k != "tools"}
 
+    def __init__(
+        self, engine: Any, served_model_name: str, settings: ServerSettings | None = None
+    ) -> None:
+        super().__init__(engine, served_model_name, settings)
+        name = self.settings.tool_call_parser
+        self.tool_parser_cls = tool_parser_class(name) if name else None
+
+    def tool_plan(self, request: ChatCompletionRequest) -> ToolPlan:
+        """The request's :class:`ToolPlan` (``"auto"`` where this server has a parser)."""
+        return tool_plan(request, has_parser=self.tool_parser_cls is not None)
+
     async def create(self, request: ChatCompletionRequest, raw_request: Request) -> Response:
         self.check_request(request)
         num_top = _num_top_logprobs(request)
-        plan = tool_plan(request)
+        plan = self.tool_plan(request)
         prompt = await chat_prompt(self, request.messages, plan.tools)
         num_prompt_tokens = len(prompt["prompt_token_ids"])
         max_tokens = request.max_completion_tokens or request.max_tokens
@@ -68,11 +87,11 @@ class ChatServing(OpenAIServing):
         last: RequestOutput,
     ) -> ChatCompletionResponse:
         num_top = _num_top_logprobs(request)
-        plan = tool_plan(request)
+        plan = self.tool_plan(request)
         return ChatCompletionResponse(
             id=request_id,
             model=self.served_model_name,
-            choices=[_chat_choice(choice, plan, num_top) for choice in choices],
+            choices=[self._chat_choice(choice, plan, num_top) for choice in choices],
             usage=total,
             prompt_logprobs=prompt_logprobs_json(last.prompt_logprobs),
         )
@@ -91,9 +110,12 @@ class ChatServing(OpenAIServing):
     ) -> Iterator[dict[str, Any]]:
         """A content delta (with its logprobs, if asked), and the choice's finish reason;
         with a forced tool call, tool-call deltas instead of content."""
-        plan = state.get("plan") or state.setdefault("plan", tool_plan(request))
+        plan = state.get("plan") or state.setdefault("plan", self.tool_plan(request))
         if plan.calls_tools:
             yield from self._tool_call_events(request_id, plan, completion, state)
+            return
+        if plan.parses_calls:
+            yield from self._parsed_call_events(request_id, request, plan, completion, state)
             return
         logprobs = _logprobs(
             _num_top_logprobs(request), completion.token_ids, completion.logprobs or []
@@ -135,6 +157,52 @@ class ChatServing(OpenAIServing):
                 yield self._chunk(request_id, index, _call_delta(position, call))
         reason = _finish_reason(completion.finish_reason, calls)
         yield self._chunk(request_id, index, DeltaMessage(), reason)
+
+    def _parsed_call_events(
+        self,
+        request_id: str,
+        request: ChatCompletionRequest,
+        plan: ToolPlan,
+        completion: CompletionOutput,
+        state: dict,
+    ) -> Iterator[dict[str, Any]]:
+        """``tool_choice="auto"``: what the parser settles of each delta, as content or
+        call deltas (a call's index, id, type and name once, then its arguments); the
+        step's logprobs ride on its first chunk."""
+        index = completion.index
+        stream: ToolCallStream = state.get(("parser", index)) or state.setdefault(
+            ("parser", index), new_stream(self.tool_parser_cls, plan.tools or [])
+        )
+        deltas = stream.feed(completion.text)
+        if completion.finished:
+            deltas += stream.finish()
+        logprobs = _logprobs(
+            _num_top_logprobs(request), completion.token_ids, completion.logprobs or []
+        )
+        if not deltas and logprobs is not None and completion.token_ids:
+            deltas = [DeltaMessage()]
+        for position, delta in enumerate(deltas):
+            step_logprobs = logprobs if position == 0 else None
+            yield self._chunk(request_id, index, delta, logprobs=step_logprobs)
+        if completion.finished:
+            reason = completion.finish_reason
+            if stream.num_calls and reason == "stop":
+                reason = "tool_calls"
+            yield self._chunk(request_id, index, DeltaMessage(), reason)
+
+    def _chat_choice(self, choice: Choice, plan: ToolPlan, num_top: int | None) -> ChatChoice:
+        """A whole reply; with ``tool_choice="auto"``, through the same parser path as a
+        stream."""
+        if not plan.parses_calls:
+            return _chat_choice(choice, plan, num_top)
+        reply = new_stream(self.tool_parser_cls, plan.tools or []).whole(choice.text)
+        return ChatChoice(
+            index=choice.index,
+            message=ChatResponseMessage(content=reply.content, tool_calls=reply.tool_calls),
+            logprobs=_logprobs(num_top, choice.token_ids, choice.logprobs),
+            finish_reason=_finish_reason(choice.finish_reason, reply.tool_calls),
+            stop_reason=choice.stop_reason,
+        )
 
     def usage_event(self, request_id: str, total: UsageInfo) -> dict[str, Any]:
         chunk = ChatCompletionChunk(

@@ -76,6 +76,13 @@ class ServerSettings(BaseSettings):
         "each core's actor reserves besides its threads or GPUs (repeatable; "
         "VLITE_DATA_PARALLEL_RESOURCES takes a comma-separated list).",
     )
+    tool_call_parser: str | None = Field(
+        None,
+        description="The tool-call parser (a registered tool_parser plugin: built in, "
+        "hermes, llama3_json, mistral, pythonic) that reads the model's calls, so that "
+        "chat requests with tools and tool_choice 'auto' (the default with tools) get "
+        "message.tool_calls. Without it, 'auto' is a 400.",
+    )
     shutdown_timeout_s: float = Field(
         30.0,
         ge=0,

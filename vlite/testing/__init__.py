@@ -21,7 +21,10 @@ the plugin::
   architecture equal ``transformers``' alone, batched, with prefix-cache hits, under
   preemption and at tensor-parallel size 2;
 - :class:`ProposerConformance`: drafts of the right form for the requests asked, within
-  their ``max_drafts``, deterministic and independent of the batch, a long context answered.
+  their ``max_drafts``, deterministic and independent of the batch, a long context answered;
+- :class:`ToolParserConformance`: golden outputs parsed to their content and calls, and
+  streamed to the same however the text is cut (whole, by character, at every split point,
+  in seeded random chunkings), cut-off outputs and calls of functions not offered as content.
 
 They need pytest, so they are imported lazily: ``vlite.testing.tiny_models`` and the other
 helpers work without it. Under pytest, the suites' modules are registered for pytest's
@@ -50,6 +53,7 @@ _LAZY = {
     "WeightFormatConformance": "vlite.testing.conformance.weight_format",
     "ModelConformance": "vlite.testing.conformance.model",
     "ProposerConformance": "vlite.testing.conformance.proposer",
+    "ToolParserConformance": "vlite.testing.conformance.tool_parser",
     "CONFORMANCE_SUITES": "vlite.testing.conformance",
     "make_tiny_model": "vlite.testing.tiny_models",
 }

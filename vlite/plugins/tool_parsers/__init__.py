@@ -1,0 +1,1 @@
+"""vlite's built-in tool-call parsers (``vlite serve --tool-call-parser NAME``)."""
