@@ -167,7 +167,8 @@ class VliteConfig(BaseSettings):
         None,
         description='Speculative decoding: a JSON object, e.g. \'{"method": "ngram", '
         '"num_speculative_tokens": 4, "prompt_lookup_max": 5}\' (fields: method, the '
-        "proposer plugin; num_speculative_tokens; prompt_lookup_min/max for ngram; "
+        "proposer plugin: ngram, suffix, draft_model; num_speculative_tokens; "
+        "prompt_lookup_min/max for ngram and suffix; model, the draft, for draft_model; "
         "disable_by_batch_size). Each step verifies the drafts against the model, so the "
         "output is the model's own either way. Default: none.",
     )
