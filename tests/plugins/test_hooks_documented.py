@@ -24,6 +24,7 @@ from vlite.models.llama import LlamaForCausalLM
 from vlite.plugins.attention.torch_ref import TorchAttentionBackend
 from vlite.plugins.executors.uniproc import UniprocExecutor
 from vlite.plugins.proposers.ngram import NgramProposer
+from vlite.plugins.reasoning_parsers.qwen3 import Qwen3ReasoningParser
 from vlite.plugins.samplers.default import DefaultSampler
 from vlite.plugins.schedulers.fcfs import FcfsPolicy
 from vlite.plugins.structured_outputs.xgrammar_backend import XGrammarBackend
@@ -49,6 +50,7 @@ INTERFACES = {
     "proposer": "Proposer",
     "weight_format": "WeightFormat",
     "tool_parser": "ToolParser",
+    "reasoning_parser": "ReasoningParser",
 }
 
 
@@ -187,6 +189,12 @@ class RecordingToolParser(HermesToolParser):
         return super().feed(delta_text)
 
 
+class RecordingReasoningParser(Qwen3ReasoningParser):
+    def feed(self, delta_text):
+        CALLS["reasoning_parser.feed"] += 1
+        return super().feed(delta_text)
+
+
 class RecordingWeightFormat(GGUFBlockFormat):
     def linear(self, weight, x):
         CALLS["weight_format.linear"] += 1
@@ -220,6 +228,11 @@ class RecordingPlugin:
     def register_tool_parsers(self, register):
         CALLS["register_tool_parsers"] += 1
         register("recording", RecordingToolParser)
+
+    @vlite.hookimpl
+    def register_reasoning_parsers(self, register):
+        CALLS["register_reasoning_parsers"] += 1
+        register("recording", RecordingReasoningParser)
 
     @vlite.hookimpl
     def register_schedulers(self, register):
@@ -273,8 +286,8 @@ def test_registration_hooks_are_called_and_the_engine_uses_what_they_register(ti
     plain = SamplingParams(max_tokens=8, temperature=0.5, seed=1, ignore_eos=True)
     outputs = llm.generate(["Hello", "Hello"], [params, plain], use_tqdm=False)
     assert [len(output.outputs[0].token_ids) for output in outputs] == [3, 8]
-    # weight_format: a float model, see the next test; tool_parser: the server's, see below.
-    for kind in set(PLUGIN_KINDS) - {"weight_format", "tool_parser"}:
+    # weight_format: a float model, see the next test; the parsers: the server's, see below.
+    for kind in set(PLUGIN_KINDS) - {"weight_format", "tool_parser", "reasoning_parser"}:
         used = [key for key in CALLS if key.startswith(f"{kind}.")]
         assert used and all(CALLS[key] >= 3 for key in used), f"the {kind} was not used"
 
@@ -327,6 +340,20 @@ def test_a_registered_tool_parser_is_what_the_server_reads_calls_with():
     assert CALLS["tool_parser.feed"] == 1
 
 
+def test_a_registered_reasoning_parser_is_what_the_server_splits_replies_with():
+    """register_reasoning_parsers fills the registry's reasoning parsers; the server's chat
+    endpoint builds the one ``--reasoning-parser`` names, per reply, and feeds it the text."""
+    from vlite.server.reasoning import new_split, reasoning_parser_class
+
+    CALLS.clear()
+    registry = PluginRegistry(build_plugin_manager(extra_plugins=(RecordingPlugin(),)))
+    assert CALLS["register_reasoning_parsers"] == 1
+    cls = reasoning_parser_class("recording", registry)
+    assert cls is RecordingReasoningParser
+    assert new_split(cls).whole("<think>hmm</think>yes") == ("hmm", "yes")
+    assert CALLS["reasoning_parser.feed"] == 1
+
+
 CLI_PLUGIN = """
 import click
 import vlite
@@ -367,6 +394,9 @@ EXERCISED_BY = {
     "register_weight_formats": test_a_registered_weight_format_computes_a_quantized_model,
     "register_proposers": test_a_registered_proposer_is_found_by_name_and_drafts,
     "register_tool_parsers": test_a_registered_tool_parser_is_what_the_server_reads_calls_with,
+    "register_reasoning_parsers": (
+        test_a_registered_reasoning_parser_is_what_the_server_splits_replies_with
+    ),
 }
 
 

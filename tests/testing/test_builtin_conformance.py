@@ -20,6 +20,7 @@ from vlite.testing import (
     LogitsProcessorConformance,
     ModelConformance,
     ProposerConformance,
+    ReasoningParserConformance,
     SamplerConformance,
     SchedulerConformance,
     StructuredOutputBackendConformance,
@@ -157,6 +158,17 @@ class TestBuiltinToolParsers(ToolParserConformance):
         return request.param
 
 
+class TestBuiltinReasoningParsers(ReasoningParserConformance):
+    """Each on the golden outputs of its own class."""
+
+    load_entry_points = False
+
+    @pytest.fixture(scope="class", params=builtin_names("reasoning_parser"))
+    @classmethod
+    def conformance_plugin_name(cls, request) -> str:
+        return request.param
+
+
 def model_params() -> list:
     """Every built-in architecture; all but Llama's are ``slow`` (the oracle,
     ``tests/e2e/test_oracle.py``, holds each to transformers at more lengths)."""
@@ -187,6 +199,7 @@ TESTED_KINDS = {
         TestBuiltinWeightFormats,
         TestBuiltinProposers,
         TestBuiltinToolParsers,
+        TestBuiltinReasoningParsers,
         TestBuiltinModels,
     )
 }

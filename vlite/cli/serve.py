@@ -73,6 +73,7 @@ def serve_command(config_file, **options):
     config = build_config(config_file, overrides)
     settings = build_settings(ServerSettings, server_overrides)
     _check_tool_call_parser(settings)
+    _check_reasoning_parser(settings)
 
     from vlite.engine.exceptions import EngineStartupError
     from vlite.server.api_server import ApiServer, bind_socket, with_serving_defaults
@@ -109,6 +110,19 @@ def _check_tool_call_parser(settings: ServerSettings) -> None:
 
     try:
         tool_parser_class(settings.tool_call_parser)
+    except VliteError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _check_reasoning_parser(settings: ServerSettings) -> None:
+    """Refuse an unknown ``--reasoning-parser`` before the engine starts, naming the
+    registered ones."""
+    if settings.reasoning_parser is None:
+        return
+    from vlite.server.reasoning import reasoning_parser_class
+
+    try:
+        reasoning_parser_class(settings.reasoning_parser)
     except VliteError as exc:
         raise click.ClickException(str(exc)) from None
 

@@ -27,7 +27,7 @@ PROJECT_NAME = "vlite"
 #: Version of the plugin API: the hooks below and the plugin interfaces in ``vlite.core``
 #: (``SchedulingPolicy``, ``AttentionBackend``, ``Sampler``, ``Executor``, ``CausalLM``,
 #: ``StructuredOutputBackend``, ``LogitsProcessor``, ``WeightFormat``, ``Proposer``,
-#: ``ToolParser``) with their metadata
+#: ``ToolParser``, ``ReasoningParser``) with their metadata
 #: types. It is raised by one whenever they change in a way a plugin could notice: a hook or
 #: an interface member added, changed or removed. A plugin declares the versions it works with
 #: as ``VLITE_PLUGIN_API = ">=2,<3"`` (or ``2``, meaning ``>=2``).
@@ -39,7 +39,8 @@ PLUGIN_API_VERSION = 7
 #: added the structured-output backend and logits-processor kinds, version 4 the weight-format
 #: kind (and the model classes' GGUF tensor-name hook), version 5 ``WeightFormat.configure``
 #: (optional, a no-op by default), version 6 the proposer kind, version 7 draft models'
-#: fields (all with defaults) and the tool-call parser kind; nothing older changed.
+#: fields (all with defaults), the tool-call parser kind and the reasoning parser kind;
+#: nothing older changed.
 SUPPORTED_PLUGIN_APIS = (1, 2, 3, 4, 5, 6, 7)
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
@@ -229,6 +230,30 @@ def register_tool_parsers(register: Register) -> None:
         @vlite.hookimpl
         def register_tool_parsers(register):
             register("my-format", MyToolParser)
+    """
+
+
+@hookspec
+def register_reasoning_parsers(register: Register) -> None:
+    """Register reasoning parsers: splitters of a thinking model's reply into its reasoning
+    (``<think>...</think>``, ...) and its answer.
+
+    :param register: ``register(name, cls)``; ``cls`` subclasses
+        :class:`vlite.core.reasoning_parser.ReasoningParser` and is constructed once per
+        reply as ``cls()`` when ``vlite serve --reasoning-parser`` names it. The server
+        feeds it the reply's text as it is generated (``feed``, then ``finish``) and sends
+        the reasoning as ``reasoning_content`` and the answer as ``content`` (the only text
+        a tool-call parser reads). ``vlite.testing.ReasoningParserConformance`` checks an
+        implementation.
+
+    Called when the server starts, in the server's process (the front end, not the engine
+    core).
+
+    Example::
+
+        @vlite.hookimpl
+        def register_reasoning_parsers(register):
+            register("my-tags", MyReasoningParser)
     """
 
 

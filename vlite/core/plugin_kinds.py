@@ -113,6 +113,13 @@ KINDS: tuple[PluginKind, ...] = (
         f"{_SUITES}.tool_parser.ToolParserConformance",
         subclassed=True,
     ),
+    PluginKind(
+        "reasoning_parser",
+        "register_reasoning_parsers",
+        "vlite.core.reasoning_parser.ReasoningParser",
+        f"{_SUITES}.reasoning_parser.ReasoningParserConformance",
+        subclassed=True,
+    ),
 )
 
 #: Kind name -> its descriptor.

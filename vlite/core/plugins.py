@@ -344,7 +344,7 @@ def registration_problem(kind: str, obj: Any) -> str | None:
     if descriptor.subclassed and not issubclass(obj, interface):
         return f"does not subclass {_qualified(interface)}"
     abstract = sorted(getattr(obj, "__abstractmethods__", ()))
-    if kind in ("weight_format", "tool_parser") and abstract:
+    if kind in ("weight_format", "tool_parser", "reasoning_parser") and abstract:
         return f"does not implement {', '.join(abstract)}"
     missing = [m for m in descriptor.required_methods if not callable(getattr(obj, m, None))]
     if missing:

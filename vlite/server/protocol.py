@@ -315,6 +315,8 @@ class ToolCall(BaseModel):
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
+    #: vLLM's field: the reasoning a ``--reasoning-parser`` split off (``None``: none).
+    reasoning_content: str | None = None
     tool_calls: list[ToolCall] | None = None
 
 
@@ -351,6 +353,7 @@ class DeltaToolCall(BaseModel):
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 
 

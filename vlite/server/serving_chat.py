@@ -29,6 +29,7 @@ from vlite.server.protocol import (
     ToolCall,
     UsageInfo,
 )
+from vlite.server.reasoning import new_split, reasoning_parser_class
 from vlite.server.serving import UNSUPPORTED_FIELDS, Choice, OpenAIServing
 from vlite.server.settings import ServerSettings
 from vlite.server.tool_calls import ToolCallStream, new_stream, tool_parser_class
@@ -44,9 +45,14 @@ class ChatServing(OpenAIServing):
     ``tool_choice="auto"`` the server's tool-call parser (``settings.tool_call_parser``)
     reads the calls from free text, streamed or not (:mod:`vlite.server.tool_calls`).
 
+    With a reasoning parser (``settings.reasoning_parser``) a reply's reasoning is split
+    off first (:mod:`vlite.server.reasoning`): it goes out as ``reasoning_content``, and
+    only the answer after it is content and read for tool calls. A forced tool call's
+    output is all call (its grammar leaves no room to reason), so it is not split.
+
     Raises:
-        ConfigError: at construction, ``settings.tool_call_parser`` names no registered
-            tool-call parser.
+        ConfigError: at construction, ``settings.tool_call_parser`` or
+            ``settings.reasoning_parser`` names no registered parser of its kind.
     """
 
     id_prefix = "chatcmpl"
@@ -58,6 +64,8 @@ class ChatServing(OpenAIServing):
         super().__init__(engine, served_model_name, settings)
         name = self.settings.tool_call_parser
         self.tool_parser_cls = tool_parser_class(name) if name else None
+        name = self.settings.reasoning_parser
+        self.reasoning_parser_cls = reasoning_parser_class(name) if name else None
 
     def tool_plan(self, request: ChatCompletionRequest) -> ToolPlan:
         """The request's :class:`ToolPlan` (``"auto"`` where this server has a parser)."""
@@ -108,25 +116,54 @@ class ChatServing(OpenAIServing):
         completion: CompletionOutput,
         state: dict[int, Any],
     ) -> Iterator[dict[str, Any]]:
-        """A content delta (with its logprobs, if asked), and the choice's finish reason;
-        with a forced tool call, tool-call deltas instead of content."""
+        """The reasoning and content deltas (the step's logprobs on the first), and the
+        choice's finish reason; with a forced tool call, tool-call deltas instead of content,
+        and with ``tool_choice="auto"`` what the tool-call parser reads of the answer."""
         plan = state.get("plan") or state.setdefault("plan", self.tool_plan(request))
         if plan.calls_tools:
             yield from self._tool_call_events(request_id, plan, completion, state)
             return
+        index = completion.index
+        reasoning, answer = self._split_step(completion, state)
+        deltas = [DeltaMessage(reasoning_content=reasoning)] if reasoning else []
         if plan.parses_calls:
-            yield from self._parsed_call_events(request_id, request, plan, completion, state)
-            return
+            stream = self._call_stream(plan, index, state)
+            deltas += stream.feed(answer)
+            if completion.finished:
+                deltas += stream.finish()
+        elif answer:
+            deltas.append(DeltaMessage(content=answer))
         logprobs = _logprobs(
             _num_top_logprobs(request), completion.token_ids, completion.logprobs or []
         )
-        if completion.text or (logprobs is not None and completion.token_ids):
-            delta = DeltaMessage(content=completion.text)
-            yield self._chunk(request_id, completion.index, delta, logprobs=logprobs)
+        if not deltas and logprobs is not None and completion.token_ids:
+            deltas = [DeltaMessage() if plan.parses_calls else DeltaMessage(content="")]
+        for position, delta in enumerate(deltas):
+            step_logprobs = logprobs if position == 0 else None
+            yield self._chunk(request_id, index, delta, logprobs=step_logprobs)
         if completion.finished:
-            yield self._chunk(
-                request_id, completion.index, DeltaMessage(), completion.finish_reason
-            )
+            reason = completion.finish_reason
+            if plan.parses_calls and self._call_stream(plan, index, state).num_calls:
+                reason = "tool_calls" if reason == "stop" else reason
+            yield self._chunk(request_id, index, DeltaMessage(), reason)
+
+    def _split_step(self, completion: CompletionOutput, state: dict) -> tuple[str, str]:
+        """The ``(reasoning, answer)`` this step settles of its choice's reply (all answer
+        without a reasoning parser)."""
+        key = ("reasoning", completion.index)
+        split = state.get(key) or state.setdefault(key, new_split(self.reasoning_parser_cls))
+        reasoning, answer = split.feed(completion.text)
+        if completion.finished:
+            more_reasoning, more_answer = split.finish()
+            reasoning, answer = reasoning + more_reasoning, answer + more_answer
+        return reasoning, answer
+
+    def _call_stream(self, plan: ToolPlan, index: int, state: dict) -> ToolCallStream:
+        """Choice ``index``'s tool-call parser, made on its first use."""
+        key = ("parser", index)
+        return state.get(key) or state.setdefault(
+            key, new_stream(self.tool_parser_cls, plan.tools or [])
+        )
 
     def _tool_call_events(
         self, request_id: str, plan: ToolPlan, completion: CompletionOutput, state: dict
@@ -158,49 +195,27 @@ class ChatServing(OpenAIServing):
         reason = _finish_reason(completion.finish_reason, calls)
         yield self._chunk(request_id, index, DeltaMessage(), reason)
 
-    def _parsed_call_events(
-        self,
-        request_id: str,
-        request: ChatCompletionRequest,
-        plan: ToolPlan,
-        completion: CompletionOutput,
-        state: dict,
-    ) -> Iterator[dict[str, Any]]:
-        """``tool_choice="auto"``: what the parser settles of each delta, as content or
-        call deltas (a call's index, id, type and name once, then its arguments); the
-        step's logprobs ride on its first chunk."""
-        index = completion.index
-        stream: ToolCallStream = state.get(("parser", index)) or state.setdefault(
-            ("parser", index), new_stream(self.tool_parser_cls, plan.tools or [])
-        )
-        deltas = stream.feed(completion.text)
-        if completion.finished:
-            deltas += stream.finish()
-        logprobs = _logprobs(
-            _num_top_logprobs(request), completion.token_ids, completion.logprobs or []
-        )
-        if not deltas and logprobs is not None and completion.token_ids:
-            deltas = [DeltaMessage()]
-        for position, delta in enumerate(deltas):
-            step_logprobs = logprobs if position == 0 else None
-            yield self._chunk(request_id, index, delta, logprobs=step_logprobs)
-        if completion.finished:
-            reason = completion.finish_reason
-            if stream.num_calls and reason == "stop":
-                reason = "tool_calls"
-            yield self._chunk(request_id, index, DeltaMessage(), reason)
-
     def _chat_choice(self, choice: Choice, plan: ToolPlan, num_top: int | None) -> ChatChoice:
-        """A whole reply; with ``tool_choice="auto"``, through the same parser path as a
-        stream."""
-        if not plan.parses_calls:
+        """A whole reply: its reasoning split off, then, with ``tool_choice="auto"``, the
+        answer's calls read, through the same parser paths as a stream. Content is
+        ``None`` (vLLM's) when the reply is reasoning only, or calls only."""
+        if plan.calls_tools:
             return _chat_choice(choice, plan, num_top)
-        reply = new_stream(self.tool_parser_cls, plan.tools or []).whole(choice.text)
+        reasoning, answer = new_split(self.reasoning_parser_cls).whole(choice.text)
+        content, calls = answer, None
+        if plan.parses_calls:
+            reply = new_stream(self.tool_parser_cls, plan.tools or []).whole(answer)
+            content, calls = reply.content, reply.tool_calls
+        message = ChatResponseMessage(
+            content=content if content or not reasoning else None,
+            reasoning_content=reasoning or None,
+            tool_calls=calls,
+        )
         return ChatChoice(
             index=choice.index,
-            message=ChatResponseMessage(content=reply.content, tool_calls=reply.tool_calls),
+            message=message,
             logprobs=_logprobs(num_top, choice.token_ids, choice.logprobs),
-            finish_reason=_finish_reason(choice.finish_reason, reply.tool_calls),
+            finish_reason=_finish_reason(choice.finish_reason, calls),
             stop_reason=choice.stop_reason,
         )
 

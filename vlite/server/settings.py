@@ -83,6 +83,13 @@ class ServerSettings(BaseSettings):
         "chat requests with tools and tool_choice 'auto' (the default with tools) get "
         "message.tool_calls. Without it, 'auto' is a 400.",
     )
+    reasoning_parser: str | None = Field(
+        None,
+        description="The reasoning parser (a registered reasoning_parser plugin: built in, "
+        "deepseek_r1, qwen3) that splits a thinking model's chat replies: the reasoning "
+        "goes out as message.reasoning_content (streamed as delta.reasoning_content), the "
+        "answer after it as content, and only the answer is read for tool calls.",
+    )
     shutdown_timeout_s: float = Field(
         30.0,
         ge=0,

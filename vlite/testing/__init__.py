@@ -24,7 +24,10 @@ the plugin::
   their ``max_drafts``, deterministic and independent of the batch, a long context answered;
 - :class:`ToolParserConformance`: golden outputs parsed to their content and calls, and
   streamed to the same however the text is cut (whole, by character, at every split point,
-  in seeded random chunkings), cut-off outputs and calls of functions not offered as content.
+  in seeded random chunkings), cut-off outputs and calls of functions not offered as content;
+- :class:`ReasoningParserConformance`: golden outputs split into their reasoning and answer,
+  and streamed to the same however the text is cut, reasoning always before the answer,
+  nothing invented, cut-off outputs read without an error.
 
 They need pytest, so they are imported lazily: ``vlite.testing.tiny_models`` and the other
 helpers work without it. Under pytest, the suites' modules are registered for pytest's
@@ -54,6 +57,7 @@ _LAZY = {
     "ModelConformance": "vlite.testing.conformance.model",
     "ProposerConformance": "vlite.testing.conformance.proposer",
     "ToolParserConformance": "vlite.testing.conformance.tool_parser",
+    "ReasoningParserConformance": "vlite.testing.conformance.reasoning_parser",
     "CONFORMANCE_SUITES": "vlite.testing.conformance",
     "make_tiny_model": "vlite.testing.tiny_models",
 }

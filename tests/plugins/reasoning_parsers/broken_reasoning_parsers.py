@@ -1,0 +1,39 @@
+"""Deliberately broken reasoning parsers: ReasoningParserConformance must fail on each.
+
+Each is a small change to the built-in ``deepseek_r1`` parser, of the kind a parser author
+could make by mistake. ``test_reasoning_parser_suite_catches_bugs.py`` runs the suite on
+them.
+"""
+
+from __future__ import annotations
+
+from vlite.core.hookspecs import hookimpl
+from vlite.plugins.reasoning_parsers import think_tags
+from vlite.plugins.reasoning_parsers.deepseek_r1 import DeepSeekR1ReasoningParser
+
+
+class LeaksSplitMarkersParser(DeepSeekR1ReasoningParser):
+    """Looks for ``</think>`` only in the text held as each delta comes, holding nothing
+    back: a marker split across two deltas is sent as reasoning, and so is the answer."""
+
+    def _reasoning_step(self):
+        if think_tags.CLOSE in self._held:
+            return super()._reasoning_step()
+        return self._reasoning(self._take(len(self._held)))
+
+
+class LosesAnswerTextParser(DeepSeekR1ReasoningParser):
+    """Forgets the text after ``</think>`` in the delta that closed the reasoning (it
+    switches to the answer, but drops what was held)."""
+
+    def _reasoning_step(self):
+        events = super()._reasoning_step()
+        if self._state == think_tags.ANSWER:
+            self._held = ""
+        return events
+
+
+@hookimpl
+def register_reasoning_parsers(register):
+    register("leaks-split-markers", LeaksSplitMarkersParser)
+    register("loses-answer-text", LosesAnswerTextParser)

@@ -1,0 +1,1 @@
+"""vlite's built-in reasoning parsers (``vlite serve --reasoning-parser NAME``)."""
