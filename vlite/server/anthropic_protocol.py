@@ -97,6 +97,7 @@ class MessagesRequest(_Strict):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     metadata: dict[str, Any] | None = None  # accepted, ignored
+    cache_control: dict[str, Any] | None = None  # accepted, ignored
 
 
 # ---- responses --------------------------------------------------------------------------
