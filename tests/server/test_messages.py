@@ -120,6 +120,7 @@ def test_the_stream_is_anthropics_named_events(http):
     assert "[DONE]" not in "".join(lines)
     assert data[-2]["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
     assert data[-2]["usage"] == {"output_tokens": 3}
+    assert data[-1]["timings"]["predicted_n"] == 3  # as every vlite stream's last event
 
 
 def test_system_blocks_and_a_tool_use_conversation_are_templated(client, http):
