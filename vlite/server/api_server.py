@@ -2,8 +2,8 @@
 
 Endpoints: ``GET /health``, ``GET /v1/models``, ``GET /metrics`` (Prometheus),
 ``POST /v1/completions``, ``POST /v1/chat/completions`` (both streaming with
-``"stream": true``, both with llama.cpp's ``timings``), and vLLM's ``POST /tokenize`` and
-``POST /detokenize``.
+``"stream": true``, both with llama.cpp's ``timings``), Anthropic's ``POST /v1/messages``,
+and vLLM's ``POST /tokenize`` and ``POST /detokenize``.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from vlite.server.protocol import (
 )
 from vlite.server.serving_chat import ChatServing
 from vlite.server.serving_completions import CompletionServing
+from vlite.server.serving_messages import MessagesServing
 from vlite.server.serving_tokenize import TokenizeServing
 from vlite.server.settings import ServerSettings
 from vlite.worker.cpu_threads import default_cpu_threads, physical_cores
@@ -120,6 +121,7 @@ def build_app(
     install_error_handlers(app)
     completions = CompletionServing(engine, served_model_name, settings)
     chat = ChatServing(engine, served_model_name, settings)
+    messages = MessagesServing(engine, served_model_name, settings)
     tokenization = TokenizeServing(engine, served_model_name, settings)
     app.state.engine = engine
 
@@ -155,6 +157,11 @@ def build_app(
         request: ChatCompletionRequest, raw_request: Request
     ) -> Response:
         return await chat.create(request, raw_request)
+
+    @app.post("/v1/messages")
+    async def create_message(raw_request: Request) -> Response:
+        # The body is parsed by the endpoint: its errors are Anthropic-shaped.
+        return await messages.create(raw_request)
 
     @app.post("/tokenize")
     async def tokenize(request: TokenizeRequest) -> JSONResponse:

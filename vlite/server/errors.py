@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Mapping
 from http import HTTPStatus
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -94,20 +96,27 @@ def from_exception(exc: BaseException) -> OpenAIError:
     )
 
 
-def _validation_error(exc: RequestValidationError) -> OpenAIError:
-    """Pydantic's first complaint, as ``field: message``, naming the field as ``param``."""
+def validation_error(exc: RequestValidationError) -> OpenAIError:
+    """Pydantic's first complaint, as ``field: message``, naming the field as ``param``
+    (a body FastAPI validated)."""
     errors = exc.errors()
     if not errors:
         return OpenAIError("invalid request body")
-    first = errors[0]
-    location = [str(part) for part in first.get("loc", ()) if part != "body"]
+    return complaint_error(errors[0])
+
+
+def complaint_error(complaint: Mapping[str, Any]) -> OpenAIError:
+    """One of pydantic's complaints as a 400 naming its field."""
+    location = [str(part) for part in complaint.get("loc", ()) if part != "body"]
     param = ".".join(location) or None
-    message = first.get("msg", "invalid value")
+    message = complaint.get("msg", "invalid value")
     if param is None:
         return OpenAIError(f"invalid request body: {message}")
-    if first.get("type") == "missing":
+    if complaint.get("type") == "missing":
         return OpenAIError(f"{param} is required", param=param)
-    return OpenAIError(f"{param}={shorten(first.get('input'))} is invalid: {message}", param=param)
+    return OpenAIError(
+        f"{param}={shorten(complaint.get('input'))} is invalid: {message}", param=param
+    )
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -119,7 +128,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return _validation_error(exc).to_json_response()
+        return validation_error(exc).to_json_response()
 
     @app.exception_handler(VliteError)
     async def _vlite_error(request: Request, exc: VliteError) -> JSONResponse:

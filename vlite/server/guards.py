@@ -6,8 +6,9 @@ if any, is left unread; the protocol's lingering close lets the client read the 
 whole, see :mod:`vlite.server.lingering_close`), and passes everything else through
 untouched:
 
-- :class:`ApiKeyGuard`: ``Authorization: Bearer <key>`` on every route but the open ones
-  (401), compared in constant time.
+- :class:`ApiKeyGuard`: ``Authorization: Bearer <key>`` (OpenAI's clients) or
+  ``x-api-key: <key>`` (Anthropic's) on every route but the open ones (401), compared in
+  constant time.
 - :class:`RequestSizeGuard`: too many or too large header fields (431; uvicorn's h11
   limit alone lets a header block through when it arrives in one piece), a body larger
   than the limit (413, before it is read when ``Content-Length`` says so), a client that
@@ -48,7 +49,8 @@ async def _refuse(error: OpenAIError, scope: Scope, receive: Receive, send: Send
 
 
 class ApiKeyGuard:
-    """Require one of ``keys`` as a bearer token, except on :data:`OPEN_PATHS`."""
+    """Require one of ``keys`` as a bearer token or an ``x-api-key`` header, except on
+    :data:`OPEN_PATHS`."""
 
     def __init__(self, app: ASGIApp, keys: tuple[str, ...], protect_metrics: bool) -> None:
         self.app = app
@@ -60,7 +62,7 @@ class ApiKeyGuard:
             await self.app(scope, receive, send)
             return
         error = OpenAIError(
-            "a valid API key is required: send 'Authorization: Bearer <key>'",
+            "a valid API key is required: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
             HTTPStatus.UNAUTHORIZED,
         )
         await _refuse(error, scope, receive, send, **{"WWW-Authenticate": "Bearer"})
@@ -70,6 +72,8 @@ class ApiKeyGuard:
         for name, value in scope["headers"]:
             if name == b"authorization" and value[:7].lower() == b"bearer ":
                 token = value[7:].strip()
+            elif name == b"x-api-key":
+                token = value.strip()
         # Compare with every key, whatever matched: the time taken says nothing of which.
         matched = False
         for key in self.keys:

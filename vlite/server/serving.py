@@ -78,6 +78,8 @@ class OpenAIServing:
     id_prefix = ""
     #: Request fields this endpoint does not implement (see :data:`UNSUPPORTED_FIELDS`).
     unsupported_fields = UNSUPPORTED_FIELDS
+    #: The stream's last line: OpenAI's ``[DONE]`` (``None``: nothing after the events).
+    stream_end: str | None = DONE
 
     def __init__(
         self, engine: AsyncLLM, served_model_name: str, settings: ServerSettings | None = None
@@ -209,7 +211,7 @@ class OpenAIServing:
         params: SamplingParams,
     ) -> Response:
         """Run the request; answer with the whole response, or stream it if asked."""
-        request_id = random_id(self.id_prefix)
+        request_id = self.new_request_id()
         try:
             first, stream = await self.start(raw_request, request_id, prompt, params)
             if request.stream:
@@ -235,8 +237,8 @@ class OpenAIServing:
         """SSE events: the opening ones, each output's deltas, usage (if asked), [DONE]; the
         last before [DONE] carries the ``timings``; an error after the stream started
         becomes an error event."""
-        for payload in self.opening_events(request_id, n):
-            yield sse(payload)
+        for payload in self.opening_events(request_id, n, first):
+            yield self.frame(payload)
         output, num_tokens = first, 0
         state: dict[int, Any] = {}
         try:
@@ -248,15 +250,16 @@ class OpenAIServing:
                 if output.finished:
                     break
                 for payload in payloads:
-                    yield sse(payload)
+                    yield self.frame(payload)
                 output = await anext(stream)
             for payload in self._closing_events(request_id, request, output, num_tokens, payloads):
-                yield sse(payload)
+                yield self.frame(payload)
         except Exception as exc:
-            yield sse_error(exc)
+            yield self.error_event(exc)
         finally:
             await stream.aclose()
-        yield DONE
+        if self.stream_end is not None:
+            yield self.stream_end
 
     def _closing_events(
         self,
@@ -293,9 +296,24 @@ class OpenAIServing:
         prompt, and the prompt's logprobs if asked)."""
         raise NotImplementedError
 
-    def opening_events(self, request_id: str, n: int) -> Iterator[dict[str, Any]]:
-        """Events sent before any output (none by default)."""
+    def new_request_id(self) -> str:
+        """A fresh response id, ``{id_prefix}-{32 hex digits}`` unless overridden."""
+        return random_id(self.id_prefix)
+
+    def opening_events(
+        self, request_id: str, n: int, first: RequestOutput
+    ) -> Iterator[dict[str, Any]]:
+        """Events sent before any output (none by default); ``first``: the first output
+        (its prompt)."""
         return iter(())
+
+    def frame(self, payload: dict[str, Any]) -> str:
+        """One event as the stream sends it (OpenAI's: ``data: {json}``)."""
+        return sse(payload)
+
+    def error_event(self, exc: BaseException) -> str:
+        """An error inside a started stream, as the endpoint's clients read one."""
+        return sse_error(exc)
 
     def delta_events(
         self, request_id: str, request: Any, completion: CompletionOutput, state: dict[int, Any]

@@ -9,7 +9,8 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from vlite.core.outputs import CompletionOutput, PositionLogprobs, RequestOutput
-from vlite.core.sampling_params import MAX_LOGPROBS
+from vlite.core.sampling_params import MAX_LOGPROBS, SamplingParams
+from vlite.engine.input_processor import Prompt
 from vlite.server.chat_prompt import chat_prompt
 from vlite.server.errors import OpenAIError
 from vlite.server.logprobs import chat_logprobs, prompt_logprobs_json
@@ -72,6 +73,12 @@ class ChatServing(OpenAIServing):
         return tool_plan(request, has_parser=self.tool_parser_cls is not None)
 
     async def create(self, request: ChatCompletionRequest, raw_request: Request) -> Response:
+        prompt, params = await self.prepare(request)
+        return await self.serve(request, raw_request, prompt, params)
+
+    async def prepare(self, request: ChatCompletionRequest) -> tuple[Prompt, SamplingParams]:
+        """The checked request's prompt and sampling parameters; shared with the endpoints
+        that translate their requests into a chat request (``/v1/messages``)."""
         self.check_request(request)
         num_top = _num_top_logprobs(request)
         plan = self.tool_plan(request)
@@ -84,7 +91,7 @@ class ChatServing(OpenAIServing):
         params = self.sampling_params(
             request, max_tokens, logprobs=num_top, constraint=plan.constraint
         )
-        return await self.serve(request, raw_request, prompt, params)
+        return prompt, params
 
     def response(
         self,
@@ -104,7 +111,9 @@ class ChatServing(OpenAIServing):
             prompt_logprobs=prompt_logprobs_json(last.prompt_logprobs),
         )
 
-    def opening_events(self, request_id: str, n: int) -> Iterator[dict[str, Any]]:
+    def opening_events(
+        self, request_id: str, n: int, first: RequestOutput
+    ) -> Iterator[dict[str, Any]]:
         """The assistant role of each choice."""
         for index in range(n):
             yield self._chunk(request_id, index, DeltaMessage(role="assistant", content=""))
