@@ -3,7 +3,8 @@
 Endpoints: ``GET /health``, ``GET /v1/models``, ``GET /metrics`` (Prometheus),
 ``POST /v1/completions``, ``POST /v1/chat/completions`` (both streaming with
 ``"stream": true``, both with llama.cpp's ``timings``), Anthropic's ``POST /v1/messages``,
-and vLLM's ``POST /tokenize`` and ``POST /detokenize``.
+OpenAI's ``POST /v1/responses`` (stateless), and vLLM's ``POST /tokenize`` and
+``POST /detokenize``.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from vlite.server.protocol import (
 from vlite.server.serving_chat import ChatServing
 from vlite.server.serving_completions import CompletionServing
 from vlite.server.serving_messages import MessagesServing
+from vlite.server.serving_responses import ResponsesServing
 from vlite.server.serving_tokenize import TokenizeServing
 from vlite.server.settings import ServerSettings
 from vlite.worker.cpu_threads import default_cpu_threads, physical_cores
@@ -122,6 +124,7 @@ def build_app(
     completions = CompletionServing(engine, served_model_name, settings)
     chat = ChatServing(engine, served_model_name, settings)
     messages = MessagesServing(engine, served_model_name, settings)
+    responses = ResponsesServing(engine, served_model_name, settings)
     tokenization = TokenizeServing(engine, served_model_name, settings)
     app.state.engine = engine
 
@@ -162,6 +165,11 @@ def build_app(
     async def create_message(raw_request: Request) -> Response:
         # The body is parsed by the endpoint: its errors are Anthropic-shaped.
         return await messages.create(raw_request)
+
+    @app.post("/v1/responses")
+    async def create_response(raw_request: Request) -> Response:
+        # The body is parsed by the endpoint: its complaints name the field.
+        return await responses.create(raw_request)
 
     @app.post("/tokenize")
     async def tokenize(request: TokenizeRequest) -> JSONResponse:
