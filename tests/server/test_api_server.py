@@ -11,8 +11,8 @@ import openai
 import pytest
 
 from vlite.core.config import VliteConfig
-from vlite.server.api_server import ApiServer, bind_socket
 from vlite.server.settings import ServerSettings
+from vlite.testing.server_thread import running_server
 from vlite.testing.tiny_models import make_tiny_model
 
 MODEL_NAME = "tiny-llama"
@@ -26,20 +26,10 @@ def server(tmp_path_factory):
     # A fixed thread count: the governor changing it between two requests could change
     # the order of float32 sums, and so a greedy token of the random tiny model.
     config = VliteConfig(model=str(model), dtype="float32", num_kv_blocks=8, cpu_threads=1)
-    ready = threading.Event()
     settings = ServerSettings(served_model_name=MODEL_NAME, log_level="warning")
-    api_server = ApiServer(
-        config, bind_socket("127.0.0.1", 0), settings, on_ready=lambda _: ready.set()
-    )
-    thread = threading.Thread(target=api_server.run, name="test-api-server", daemon=True)
-    thread.start()
-    assert ready.wait(TIMEOUT_S * 2), "the server did not start"
-    yield api_server
-    api_server.stop()
-    thread.join(TIMEOUT_S)
-    assert not thread.is_alive(), "the server did not stop"
+    with running_server(config, settings, TIMEOUT_S) as api_server:
+        yield api_server
     assert not api_server.engine.engine_core.process.is_alive  # the core went with it
-    api_server.sock.close()
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,8 @@ import pytest
 
 from vlite.core.config import VliteConfig
 from vlite.server import lingering_close
-from vlite.server.api_server import ApiServer, bind_socket
 from vlite.server.settings import ServerSettings
+from vlite.testing.server_thread import running_server
 from vlite.testing.tiny_models import make_tiny_model
 
 API_KEY = "linger-key"
@@ -39,18 +39,8 @@ def server(tmp_path_factory):
         served_model_name="tiny", log_level="warning", api_key=(API_KEY,),
         body_timeout_s=BODY_TIMEOUT_S,
     )  # fmt: skip
-    ready = threading.Event()
-    api_server = ApiServer(
-        config, bind_socket("127.0.0.1", 0), settings, on_ready=lambda _: ready.set()
-    )
-    thread = threading.Thread(target=api_server.run, name="test-linger-server", daemon=True)
-    thread.start()
-    assert ready.wait(TIMEOUT_S * 2), "the server did not start"
-    yield api_server
-    api_server.stop()
-    thread.join(TIMEOUT_S)
-    assert not thread.is_alive(), "the server did not stop"
-    api_server.sock.close()
+    with running_server(config, settings, TIMEOUT_S) as api_server:
+        yield api_server
 
 
 @dataclass

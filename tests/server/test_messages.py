@@ -5,7 +5,6 @@ token; older ones and other agents send ``x-api-key``, tested on its own below).
 from __future__ import annotations
 
 import json
-import threading
 
 import anthropic
 import httpx
@@ -14,11 +13,11 @@ import pytest
 
 from vlite.core.config import VliteConfig
 from vlite.server.anthropic_protocol import MessagesRequest
-from vlite.server.api_server import ApiServer, bind_socket
 from vlite.server.errors import OpenAIError
 from vlite.server.messages_to_chat import chat_request
 from vlite.server.serving_messages import anthropic_error, stop_reason
 from vlite.server.settings import ServerSettings
+from vlite.testing.server_thread import running_server
 from vlite.testing.tiny_models import make_tiny_model
 
 MODEL_NAME = "tiny-llama"
@@ -38,24 +37,14 @@ WEATHER_TOOL = {"name": "get_weather", "description": "Weather", "input_schema":
 def server(tmp_path_factory):
     model = make_tiny_model(tmp_path_factory.mktemp("messages-model"), "LlamaForCausalLM")
     config = VliteConfig(model=str(model), dtype="float32", num_kv_blocks=32, cpu_threads=1)
-    ready = threading.Event()
     settings = ServerSettings(
         served_model_name=MODEL_NAME,
         log_level="warning",
         tool_call_parser="hermes",
         api_key=(API_KEY,),
     )
-    api_server = ApiServer(
-        config, bind_socket("127.0.0.1", 0), settings, on_ready=lambda _: ready.set()
-    )
-    thread = threading.Thread(target=api_server.run, name="test-messages-server", daemon=True)
-    thread.start()
-    assert ready.wait(TIMEOUT_S * 2), "the server did not start"
-    yield api_server
-    api_server.stop()
-    thread.join(TIMEOUT_S)
-    assert not thread.is_alive(), "the server did not stop"
-    api_server.sock.close()
+    with running_server(config, settings, TIMEOUT_S) as api_server:
+        yield api_server
 
 
 @pytest.fixture(scope="module")

@@ -5,18 +5,17 @@ random model whose text is forced (a regex ``structured_outputs`` spelling out a
 from __future__ import annotations
 
 import json
-import threading
 
 import click
 import httpx
 import pytest
 
-from vlite.cli.serve import _check_reasoning_parser
+from vlite.cli.serve import _check_parsers
 from vlite.core.config import VliteConfig
 from vlite.core.errors import ConfigError
-from vlite.server.api_server import ApiServer, bind_socket
 from vlite.server.reasoning import reasoning_parser_class
 from vlite.server.settings import ServerSettings
+from vlite.testing.server_thread import running_server
 from vlite.testing.tiny_models import make_tiny_model
 
 MODEL_NAME = "tiny-llama"
@@ -48,24 +47,14 @@ def exactly(text: str) -> dict:
 def server(tmp_path_factory):
     model = make_tiny_model(tmp_path_factory.mktemp("reasoning-model"), "LlamaForCausalLM")
     config = VliteConfig(model=str(model), dtype="float32", num_kv_blocks=32, cpu_threads=1)
-    ready = threading.Event()
     settings = ServerSettings(
         served_model_name=MODEL_NAME,
         log_level="warning",
         tool_call_parser="hermes",
         reasoning_parser="qwen3",
     )
-    api_server = ApiServer(
-        config, bind_socket("127.0.0.1", 0), settings, on_ready=lambda _: ready.set()
-    )
-    thread = threading.Thread(target=api_server.run, name="test-reasoning-server", daemon=True)
-    thread.start()
-    assert ready.wait(TIMEOUT_S * 2), "the server did not start"
-    yield api_server
-    api_server.stop()
-    thread.join(TIMEOUT_S)
-    assert not thread.is_alive(), "the server did not stop"
-    api_server.sock.close()
+    with running_server(config, settings, TIMEOUT_S) as api_server:
+        yield api_server
 
 
 @pytest.fixture(scope="module")
@@ -177,5 +166,5 @@ def test_an_unknown_parser_is_refused_naming_the_registered_ones():
     with pytest.raises(ConfigError, match="--reasoning-parser 'nope'.*deepseek_r1, qwen3"):
         reasoning_parser_class("nope")
     with pytest.raises(click.ClickException, match="registered: deepseek_r1, qwen3"):
-        _check_reasoning_parser(ServerSettings(reasoning_parser="nope"))
-    _check_reasoning_parser(ServerSettings(reasoning_parser="deepseek_r1"))
+        _check_parsers(ServerSettings(reasoning_parser="nope"))
+    _check_parsers(ServerSettings(reasoning_parser="deepseek_r1"))

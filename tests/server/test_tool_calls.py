@@ -5,7 +5,6 @@ prose), so that the parser, not the model, is what is tested."""
 from __future__ import annotations
 
 import json
-import threading
 
 import httpx
 import openai
@@ -13,12 +12,12 @@ import pytest
 
 from vlite.core.config import VliteConfig
 from vlite.core.errors import ConfigError
-from vlite.server.api_server import ApiServer, bind_socket
 from vlite.server.errors import OpenAIError
 from vlite.server.output_constraints import tool_plan
 from vlite.server.protocol import ChatCompletionRequest
 from vlite.server.settings import ServerSettings
 from vlite.server.tool_calls import tool_parser_class
+from vlite.testing.server_thread import running_server
 from vlite.testing.tiny_models import make_tiny_model
 
 MODEL_NAME = "tiny-llama"
@@ -49,21 +48,11 @@ def exactly(text: str) -> dict:
 def server(tmp_path_factory):
     model = make_tiny_model(tmp_path_factory.mktemp("tool-model"), "LlamaForCausalLM")
     config = VliteConfig(model=str(model), dtype="float32", num_kv_blocks=32, cpu_threads=1)
-    ready = threading.Event()
     settings = ServerSettings(
         served_model_name=MODEL_NAME, log_level="warning", tool_call_parser="hermes"
     )
-    api_server = ApiServer(
-        config, bind_socket("127.0.0.1", 0), settings, on_ready=lambda _: ready.set()
-    )
-    thread = threading.Thread(target=api_server.run, name="test-tool-server", daemon=True)
-    thread.start()
-    assert ready.wait(TIMEOUT_S * 2), "the server did not start"
-    yield api_server
-    api_server.stop()
-    thread.join(TIMEOUT_S)
-    assert not thread.is_alive(), "the server did not stop"
-    api_server.sock.close()
+    with running_server(config, settings, TIMEOUT_S) as api_server:
+        yield api_server
 
 
 @pytest.fixture(scope="module")
@@ -203,8 +192,8 @@ def test_an_unknown_parser_is_refused_naming_the_registered_ones():
 def test_vlite_serve_refuses_an_unknown_parser_before_the_engine_starts():
     import click
 
-    from vlite.cli.serve import _check_tool_call_parser
+    from vlite.cli.serve import _check_parsers
 
     with pytest.raises(click.ClickException, match="registered: hermes, llama3_json"):
-        _check_tool_call_parser(ServerSettings(tool_call_parser="nope"))
-    _check_tool_call_parser(ServerSettings(tool_call_parser="pythonic"))
+        _check_parsers(ServerSettings(tool_call_parser="nope"))
+    _check_parsers(ServerSettings(tool_call_parser="pythonic"))

@@ -72,8 +72,7 @@ def serve_command(config_file, **options):
     overrides = pop_engine_overrides(options)
     config = build_config(config_file, overrides)
     settings = build_settings(ServerSettings, server_overrides)
-    _check_tool_call_parser(settings)
-    _check_reasoning_parser(settings)
+    _check_parsers(settings)
 
     from vlite.engine.exceptions import EngineStartupError
     from vlite.server.api_server import ApiServer, bind_socket, with_serving_defaults
@@ -101,30 +100,22 @@ def serve_command(config_file, **options):
     click.echo("vlite server stopped", err=True)
 
 
-def _check_tool_call_parser(settings: ServerSettings) -> None:
-    """Refuse an unknown ``--tool-call-parser`` before the engine starts, naming the
-    registered ones."""
-    if settings.tool_call_parser is None:
-        return
+def _check_parsers(settings: ServerSettings) -> None:
+    """Refuse an unknown ``--tool-call-parser`` or ``--reasoning-parser`` before the engine
+    starts, naming the registered ones."""
+    from vlite.server.reasoning import reasoning_parser_class
     from vlite.server.tool_calls import tool_parser_class
 
-    try:
-        tool_parser_class(settings.tool_call_parser)
-    except VliteError as exc:
-        raise click.ClickException(str(exc)) from None
-
-
-def _check_reasoning_parser(settings: ServerSettings) -> None:
-    """Refuse an unknown ``--reasoning-parser`` before the engine starts, naming the
-    registered ones."""
-    if settings.reasoning_parser is None:
-        return
-    from vlite.server.reasoning import reasoning_parser_class
-
-    try:
-        reasoning_parser_class(settings.reasoning_parser)
-    except VliteError as exc:
-        raise click.ClickException(str(exc)) from None
+    for name, lookup in (
+        (settings.tool_call_parser, tool_parser_class),
+        (settings.reasoning_parser, reasoning_parser_class),
+    ):
+        if name is None:
+            continue
+        try:
+            lookup(name)
+        except VliteError as exc:
+            raise click.ClickException(str(exc)) from None
 
 
 def _announce(server) -> None:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vlite.core.errors import ConfigError
-from vlite.core.plugins import PluginRegistry, build_plugin_manager
+from vlite.core.plugins import PluginRegistry
 from vlite.core.reasoning_parser import ReasoningDelta, ReasoningParser, ReasoningParserEvent
+from vlite.server.flag_plugins import plugin_named_by_flag
 
 #: The ``vlite serve`` flag that names the parser.
 FLAG = "--reasoning-parser"
@@ -18,20 +18,8 @@ FLAG = "--reasoning-parser"
 def reasoning_parser_class(
     name: str, registry: PluginRegistry | None = None
 ) -> type[ReasoningParser]:
-    """The parser registered as ``name``.
-
-    Raises:
-        ConfigError: no reasoning parser has that name; the message lists the registered
-            ones.
-    """
-    registry = registry or PluginRegistry(build_plugin_manager())
-    names = registry.names("reasoning_parser")
-    if name not in names:
-        raise ConfigError(
-            f"{FLAG} {name!r} is not a registered reasoning parser; registered: "
-            f"{', '.join(names) or '(none)'}"
-        )
-    return registry.get("reasoning_parser", name)
+    """The reasoning parser registered as ``name`` (see :func:`plugin_named_by_flag`)."""
+    return plugin_named_by_flag("reasoning_parser", FLAG, name, registry)
 
 
 @dataclass

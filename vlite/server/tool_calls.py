@@ -13,8 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vlite.core.errors import ConfigError
-from vlite.core.plugins import PluginRegistry, build_plugin_manager
+from vlite.core.plugins import PluginRegistry
 from vlite.core.tool_parser import (
     ArgumentsDelta,
     ContentDelta,
@@ -22,6 +21,7 @@ from vlite.core.tool_parser import (
     ToolParser,
     ToolParserEvent,
 )
+from vlite.server.flag_plugins import plugin_named_by_flag
 from vlite.server.protocol import (
     DeltaFunctionCall,
     DeltaMessage,
@@ -35,19 +35,8 @@ FLAG = "--tool-call-parser"
 
 
 def tool_parser_class(name: str, registry: PluginRegistry | None = None) -> type[ToolParser]:
-    """The parser registered as ``name``.
-
-    Raises:
-        ConfigError: no tool parser has that name; the message lists the registered ones.
-    """
-    registry = registry or PluginRegistry(build_plugin_manager())
-    names = registry.names("tool_parser")
-    if name not in names:
-        raise ConfigError(
-            f"{FLAG} {name!r} is not a registered tool-call parser; registered: "
-            f"{', '.join(names) or '(none)'}"
-        )
-    return registry.get("tool_parser", name)
+    """The tool parser registered as ``name`` (see :func:`plugin_named_by_flag`)."""
+    return plugin_named_by_flag("tool_parser", FLAG, name, registry)
 
 
 @dataclass

@@ -167,7 +167,9 @@ class ModelRunner:
             states, num_scheduled, self.block_size, self.device, self.input_buffers, drafts
         )
         hidden = self.forward(inputs)
-        num_computed = [state.num_computed_tokens for state in states]
+        # Prompt logprobs need each chunk's start (a rare request: one check per step).
+        takes_prompt_logprobs = any(s.sampling_params.prompt_logprobs is not None for s in states)
+        num_computed = [s.num_computed_tokens for s in states] if takes_prompt_logprobs else []
         for state, num_tokens in zip(states, num_scheduled):
             state.num_computed_tokens += num_tokens
         if self.draft_model is not None:
@@ -178,7 +180,7 @@ class ModelRunner:
             return
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
         self._pending = (inputs, logits, scheduler_output.grammar_bitmask, drafts)
-        if any(state.sampling_params.prompt_logprobs is not None for state in states):
+        if takes_prompt_logprobs:
             self._prompt_logprobs = prompt_logprobs(
                 self.model, hidden, states, num_scheduled, num_computed
             )
