@@ -356,6 +356,25 @@ def test_min_tokens_counts_the_drafts_before_each_row(folder, expected, method):
     assert counts(llm)[0] > 0
 
 
+@pytest.mark.parametrize("method", ["oracle", "half-wrong"])
+def test_bad_words_read_the_drafts_before_each_row(folder, expected, method):
+    # Each request bans the word of its own greedy tokens 3 and 4: a row after the draft of
+    # token 3 must ban token 4 (the word's start is a draft, not yet an output token).
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+    params = [
+        SamplingParams(
+            max_tokens=NUM_NEW, temperature=0.0, ignore_eos=True, bad_words_token_ids=[t[2:4]]
+        )
+        for t in expected
+    ]
+    plain = [o.outputs[0].token_ids for o in LLM(model=folder).generate(prompts, params)]
+    llm = speculative_llm(folder, method)
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert got == plain
+    assert all(tokens[:3] == t[:3] and tokens[3] != t[3] for tokens, t in zip(plain, expected))
+    assert counts(llm)[1] > 0  # they speculated
+
+
 # ---- structured outputs: one mask per draft position ----------------------------------
 
 PERSON = {

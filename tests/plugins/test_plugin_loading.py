@@ -76,7 +76,7 @@ def test_two_plugins_registering_the_same_name_fail_naming_both(install_plugin, 
     assert "first-plugin 1.0" in message and "second-plugin 1.0" in message
 
 
-@pytest.mark.parametrize("requirement", [">=8", "8", 8, ">=1,<1", "==0"])
+@pytest.mark.parametrize("requirement", [">=9", "9", 9, ">=1,<1", "==0"])
 def test_a_plugin_requiring_another_api_version_fails_engine_construction(
     install_plugin, tiny_model, requirement
 ):
@@ -86,7 +86,9 @@ def test_a_plugin_requiring_another_api_version_fails_engine_construction(
     message = str(info.value)
     assert f"plugin {module!r} from package future-plugin 9.0" in message
     assert f"requires vlite plugin API {requirement!r}" in message
-    assert f"plugin API versions 1, 2, 3, 4, 5, 6, 7 (newest {vlite.PLUGIN_API_VERSION})" in message
+    assert (
+        f"plugin API versions 1, 2, 3, 4, 5, 6, 7, 8 (newest {vlite.PLUGIN_API_VERSION})" in message
+    )
 
 
 def test_an_unparsable_api_requirement_is_an_error(install_plugin, tiny_model):
@@ -281,13 +283,14 @@ def test_api_requirement_allows(requirement, version, allowed):
         (">=5", True),
         (">=6", True),
         (">=7", True),
+        (">=8", True),
         (1, True),
         ("==1", True),
-        (">=8", False),
+        (">=9", False),
         ("<1", False),
     ],
 )
-def test_this_vlite_serves_plugin_apis_1_to_7(requirement, allowed):
+def test_this_vlite_serves_plugin_apis_1_to_8(requirement, allowed):
     assert api_requirement_allows(requirement) is allowed
 
 

@@ -1,6 +1,8 @@
 """``--reasoning-parser qwen3`` (with ``--tool-call-parser hermes``): a real server on a tiny
 random model whose text is forced (a regex ``structured_outputs`` spelling out a reply with
-``<think>...</think>``), so that the parsers, not the model, are what is tested."""
+``<think>...</think>``, which ``--structured-outputs-in-reasoning`` applies to the whole
+reply), so that the parsers, not the model, are what is tested. Constraints on the answer
+alone (the default): ``test_constraint_after_reasoning.py``."""
 
 from __future__ import annotations
 
@@ -52,6 +54,7 @@ def server(tmp_path_factory):
         log_level="warning",
         tool_call_parser="hermes",
         reasoning_parser="qwen3",
+        structured_outputs_in_reasoning=True,
     )
     with running_server(config, settings, TIMEOUT_S) as api_server:
         yield api_server

@@ -3,10 +3,11 @@
 :class:`DraftSource` picks the running requests that may speculate, asks the proposer
 plugin, checks its answers and leaves each request's drafts in ``Request.spec_token_ids``
 for the scheduler's next step. A request speculates when it is decoding (everything but its
-last token computed) and nothing that edits its logits reads the tokens before a row
-(:func:`may_speculate`): each of its rows is then sampled exactly as it would be as the
-request's next token (penalties count the drafts before the row, logprobs are taken per
-row), so the drafts the samples agree with are the model's own tokens.
+last token computed) and every edit of its logits follows the drafts before a row
+(``Request.can_speculate``, see :func:`~vlite.core.proposer.may_speculate`): each of its
+rows is then sampled exactly as it would be as the request's next token (penalties and
+logits processors read the drafts before the row, logprobs are taken per row), so the
+drafts the samples agree with are the model's own tokens.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from vlite.core.proposer import (
     Proposer,
     SpeculativeConfig,
     WorkerProposer,
-    may_speculate,
 )
 from vlite.core.request import Request, RequestStatus
 from vlite.core.scheduler import Scheduler
@@ -108,9 +108,7 @@ class DraftSource:
         self._known.update(asks)
 
     def _draft_request(self, request: Request) -> DraftRequest | None:
-        if request.status is not RequestStatus.RUNNING or not may_speculate(
-            request.sampling_params
-        ):
+        if request.status is not RequestStatus.RUNNING or not request.can_speculate:
             return None
         if request.num_computed_tokens != request.num_tokens - 1:
             return None  # its prompt is still being computed

@@ -17,6 +17,7 @@ from vlite.core.memory import MemoryPlan
 from vlite.core.model import ModelDescription
 from vlite.core.outputs import EngineCoreOutputs, ModelRunnerOutput, SchedulerOutput
 from vlite.core.plugins import PluginRegistry, build_plugin_manager
+from vlite.core.proposer import may_speculate
 from vlite.core.request import EngineCoreRequest, Request, RequestStatus
 from vlite.core.sampler import unsupported_sampling_options
 from vlite.core.scheduler import Scheduler, build_scheduler
@@ -125,6 +126,13 @@ class EngineCore:
         )
         #: Speculative decoding's draft source (``None``: no speculation).
         self.drafts: DraftSource | None = None
+        #: Whether every registered logits processor edits rows after drafts as it should
+        #: (then requests with ``extra_args`` speculate too).
+        self.processors_follow_drafts = all(
+            getattr(entry.obj, "follows_drafts", False)
+            for entry in self.registry.entries()
+            if entry.kind == "logits_processor"
+        )
         if config.speculative_config is not None:
             proposer = verified.plugins["proposer"](config.speculative_config)
             self.drafts = DraftSource(proposer, config.speculative_config, self.scheduler)
@@ -159,7 +167,11 @@ class EngineCore:
             self.structured_outputs.check(core_request.request_id, structured)
         if core_request.request_id in self.scheduler.requests:
             raise InvalidRequestError(f"request_id {core_request.request_id!r} is already in use")
-        self.scheduler.add_request(Request(core_request))
+        request = Request(core_request)
+        request.can_speculate = may_speculate(
+            core_request.sampling_params, self.processors_follow_drafts
+        )
+        self.scheduler.add_request(request)
 
     def _check_fits(self, core_request: EngineCoreRequest) -> None:
         limits = self.scheduler.limits

@@ -22,14 +22,15 @@ The per-step cost contract:
   launching device work (so requests that use no processor pay nothing measurable); else it
   may edit ``logits`` in place and returns them, with no device-to-host copy.
 - The result for a row depends only on that row's logits and request (batch invariance:
-  the same request gets the same edit whatever else is in the batch, in whatever order).
+  the same request gets the same edit whatever else is in the batch, in whatever order),
+  and, for a row that follows draft tokens (speculative decoding), those drafts.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -73,12 +74,22 @@ class BatchUpdate:
         added: requests seen for the first time since the previous call.
         removed: ids of requests that finished (or were aborted) since the previous call.
         rows: ``rows[i]`` is the request whose logits are row ``i`` of this step's
-            ``apply`` (only the requests that sample this step, in the batch's order).
+            ``apply`` (only the requests that sample this step, in the batch's order). A
+            request verifying ``k`` draft tokens has ``k + 1`` consecutive rows.
+        drafts_before: empty when no row follows drafts; else one list per row: the draft
+            tokens between the request's ``token_ids`` and that row (the ``i``-th row of a
+            request verifying drafts ``d`` follows ``d[:i]``: its edit is the one the
+            request would get with ``d[:i]`` appended to its tokens).
     """
 
     added: list[AddedRequest] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     rows: list[str] = field(default_factory=list)
+    drafts_before: list[list[int]] = field(default_factory=list)
+
+    def drafts_before_row(self, row: int) -> list[int]:
+        """The drafts row ``row`` follows (``[]`` for none)."""
+        return self.drafts_before[row] if self.drafts_before else []
 
 
 class LogitsProcessor(ABC):
@@ -88,7 +99,17 @@ class LogitsProcessor(ABC):
         config: the engine configuration (:class:`~vlite.core.config.VliteConfig`).
         device: where the logits live.
         vocab_size: the width of the logits.
+
+    Attributes:
+        follows_drafts: whether every row that follows draft tokens gets the edit its
+            request would get with those drafts appended (:attr:`BatchUpdate.drafts_before`;
+            an edit that does not depend on the tokens before a row needs nothing more).
+            ``LogitsProcessorConformance`` checks a processor that claims it. Requests with
+            ``extra_args`` (how a request selects a third-party processor) speculate only
+            when every registered processor claims it; the built-ins do.
     """
+
+    follows_drafts: ClassVar[bool] = False
 
     def __init__(self, config: Any, device: torch.device, vocab_size: int) -> None:
         self.config = config

@@ -68,15 +68,16 @@ class SpeculativeConfig(BaseModel):
         return self
 
 
-def may_speculate(params: SamplingParams) -> bool:
-    """Whether a request with ``params`` samples each row from its context alone: its
-    logits, edits that are the same at every position (logit bias, allowed tokens) or count
-    the rows before (``min_tokens``), for penalties its tokens with the drafts before the
-    row (the worker counts them), and for a grammar the mask of the grammar's state after
-    those drafts (one bitmask row per position). The logits processors that read the tokens
-    before a row (bad words, a plugin's processor through ``extra_args``) would take it for
-    the request's next token, so requests that use one do not speculate."""
-    return not (params.bad_words or params.bad_words_token_ids or params.extra_args)
+def may_speculate(params: SamplingParams, processors_follow_drafts: bool = False) -> bool:
+    """Whether a request with ``params`` samples each row from its context and the drafts
+    before that row: its logits; for penalties its tokens with those drafts (the worker
+    counts them); for a grammar the mask of the grammar's state after them (one bitmask
+    row per position); and every logits processor's edit with them
+    (:attr:`~vlite.core.logits_processor.LogitsProcessor.follows_drafts`, which every
+    built-in claims). A request with ``extra_args``, which may select a third-party
+    processor, speculates only when every registered processor follows drafts
+    (``processors_follow_drafts``)."""
+    return processors_follow_drafts or not params.extra_args
 
 
 #: The method whose drafts a second model makes inside the workers.

@@ -13,6 +13,12 @@ streamed reply and a whole one cannot disagree. All of a reply's reasoning comes
 its answer: once a parser gave an answer delta it gives no reasoning delta, so a client
 sees ``delta.reasoning_content`` chunks, then ``delta.content`` ones. A parser never raises
 on what the model wrote.
+
+A parser whose format is two marker strings declares them as :class:`ReasoningMarkers`
+(``ReasoningParser.markers``); then an output constraint (``response_format``, a forced
+tool call) can apply to the answer alone: the engine lets the reasoning run free and
+starts the grammar after the end marker
+(:mod:`vlite.core.reasoning_grammar`).
 """
 
 from __future__ import annotations
@@ -38,6 +44,47 @@ class AnswerDelta:
 
 
 ReasoningParserEvent = ReasoningDelta | AnswerDelta
+
+
+@dataclass(frozen=True)
+class ReasoningMarkers:
+    """Where a reply's reasoning is, given by two markers (``<think>`` and ``</think>``).
+
+    A reply that opens with ``start`` (after whitespace, dropped with it) reasons from
+    there to the first ``end``; any other reply reasons from its first character to the
+    first ``end`` when ``starts_in_reasoning`` (templates that end the prompt with
+    ``start``), and has no reasoning otherwise. The answer is all that follows that
+    ``end``; a reply whose reasoning never ends is all reasoning. Both markers are
+    non-empty, and ``end`` does not occur in ``start``.
+    """
+
+    start: str
+    end: str
+    starts_in_reasoning: bool = False
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.start, str) and isinstance(self.end, str)):
+            raise TypeError(f"markers must be strings: {self.start!r}, {self.end!r}")
+        if not self.start or not self.end or self.end in self.start:
+            raise ValueError(
+                f"ReasoningMarkers({self.start!r}, {self.end!r}) is invalid: both markers must "
+                "be non-empty, and the end marker must not occur in the start marker"
+            )
+
+    def split(self, text: str) -> ReasoningParseResult:
+        """A whole reply's reasoning and answer as these markers define them (what a
+        parser declaring them must give; ``ReasoningParserConformance`` checks it)."""
+        opened = text.lstrip()
+        if opened.startswith(self.start):
+            body = opened[len(self.start) :]
+        elif self.starts_in_reasoning:
+            body = text
+        else:
+            return ReasoningParseResult("", text)
+        end = body.find(self.end)
+        if end < 0:
+            return ReasoningParseResult(body, "")
+        return ReasoningParseResult(body[:end], body[end + len(self.end) :])
 
 
 @dataclass(frozen=True)
@@ -79,9 +126,14 @@ class ReasoningParser(ABC):
     Attributes:
         examples: golden outputs of this format, which ``ReasoningParserConformance``
             checks when the test class sets none.
+        markers: the format's :class:`ReasoningMarkers`, when it is two markers that split
+            every reply as that class says (``ReasoningParserConformance`` checks the
+            parser against them); ``None`` (the default): an output constraint cannot
+            start after this parser's reasoning, and the server refuses one.
     """
 
     examples: ClassVar[tuple[ReasoningParserExample, ...]] = ()
+    markers: ClassVar[ReasoningMarkers | None] = None
 
     @abstractmethod
     def feed(self, delta_text: str) -> list[ReasoningParserEvent]:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from vlite.core.outputs import PromptLogprobs, SampledLogprobs
+from vlite.core.proposer import may_speculate
 from vlite.core.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -92,6 +93,9 @@ class Request:
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0
         self.num_preemptions = 0
+        #: Whether it may verify drafts (speculative decoding); the engine core decides on
+        #: arrival, knowing its logits processors (:func:`~vlite.core.proposer.may_speculate`).
+        self.can_speculate = may_speculate(self.sampling_params)
         #: Draft tokens a proposer guessed for after its last token (speculative decoding),
         #: verified in its next step.
         self.spec_token_ids: list[int] = []

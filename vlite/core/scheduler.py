@@ -38,7 +38,6 @@ from vlite.core.outputs import (
     RequestFailure,
     SchedulerOutput,
 )
-from vlite.core.proposer import may_speculate
 from vlite.core.request import Request, RequestStatus
 from vlite.core.scheduling_policy import SchedulingPolicy
 from vlite.core.stats import StepStats
@@ -323,7 +322,7 @@ class Scheduler:
         the token before the next mask."""
         if not self.overlaps_decodes or request.structured_output is not None:
             return False
-        if self.limits.speculative and may_speculate(request.sampling_params):
+        if self.limits.speculative and request.can_speculate:
             return False  # its next drafts follow the token that batch samples
         if request.num_computed_tokens + self.in_flight[request.request_id] != request.num_tokens:
             return False

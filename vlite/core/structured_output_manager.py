@@ -11,8 +11,11 @@ The life of a request with ``structured_outputs`` (the scheduler drives it)::
 
 Compilation runs on a small thread pool, so the step loop never waits for it (a loop with
 nothing else to do waits for the first grammar, a few milliseconds at a time). Compiled
-grammars are cached by ``(backend, kind, spec)`` (the tokenizer is the engine's own), the
-most recent :data:`GRAMMAR_CACHE_SIZE` of them. Backends are built on first use, with the
+grammars are cached by ``(backend, kind, spec, after_reasoning)`` (the tokenizer is the
+engine's own), the most recent :data:`GRAMMAR_CACHE_SIZE` of them. A grammar that starts
+after the reasoning (``after_reasoning``) wraps the backend's in the markers' automaton,
+whose tables are built once per markers, on the same threads
+(:mod:`vlite.core.reasoning_grammar`). Backends are built on first use, with the
 tokenizer loaded then: an engine that never sees a structured request loads neither.
 A matcher's state is the request's output so far, which preemption keeps (only the KV cache
 is recomputed), so resuming a preempted request needs nothing from here.
@@ -31,6 +34,13 @@ from typing import Any
 import numpy as np
 
 from vlite.core.outputs import GrammarBitmask
+from vlite.core.reasoning_grammar import (
+    AfterReasoningGrammar,
+    MarkerTables,
+    marker_tables,
+    token_texts,
+)
+from vlite.core.reasoning_parser import ReasoningMarkers
 from vlite.core.structured_output import (
     CompiledGrammar,
     GrammarMatcher,
@@ -116,7 +126,8 @@ class StructuredOutputManager:
         self._tokenizer: Any = None
         self._backends: dict[str, StructuredOutputBackend] = {}
         self._backend_lock = threading.Lock()
-        self._cache: OrderedDict[tuple[str, str, str], Future[CompiledGrammar]] = OrderedDict()
+        self._cache: OrderedDict[tuple, Future[CompiledGrammar]] = OrderedDict()
+        self._marker_tables: dict[ReasoningMarkers, MarkerTables] = {}
         self._pool: ThreadPoolExecutor | None = None
 
     # ---- requests in ---------------------------------------------------------------
@@ -156,15 +167,31 @@ class StructuredOutputManager:
         return self._pool
 
     def _compile(self, name: str, params: StructuredOutputsParams) -> CompiledGrammar:
-        return self._backend(name).compile(params)
+        grammar = self._backend(name).compile(params)
+        if params.after_reasoning is None:
+            return grammar
+        return AfterReasoningGrammar(grammar, self._tables(params.after_reasoning))
+
+    def _tables(self, markers: ReasoningMarkers) -> MarkerTables:
+        """The automaton of ``markers`` over this engine's tokens (built once)."""
+        with self._backend_lock:
+            tables = self._marker_tables.get(markers)
+            if tables is None:
+                texts = token_texts(self._loaded_tokenizer(), self.vocab_size)
+                tables = marker_tables(markers, texts, self.vocab_size)
+                self._marker_tables[markers] = tables
+            return tables
+
+    def _loaded_tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            self._tokenizer = self._load_tokenizer()
+        return self._tokenizer
 
     def _backend(self, name: str) -> StructuredOutputBackend:
         with self._backend_lock:
             backend = self._backends.get(name)
             if backend is None:
-                if self._tokenizer is None:
-                    self._tokenizer = self._load_tokenizer()
-                backend = self.backend_classes[name](self._tokenizer, self.vocab_size)
+                backend = self.backend_classes[name](self._loaded_tokenizer(), self.vocab_size)
                 self._backends[name] = backend
             return backend
 

@@ -10,8 +10,12 @@ Exactly one of the constraint fields is set:
 - ``grammar``: the output is a sentence of this EBNF grammar (GBNF: ``root ::= ...``).
 
 ``backend`` names the structured-output backend plugin for this request (default: the
-engine's ``structured_outputs_backend``). Problems are reported at construction, naming
-the field, as :class:`~vlite.core.sampling_params.SamplingParamsError` does.
+engine's ``structured_outputs_backend``). ``after_reasoning`` (the
+:class:`~vlite.core.reasoning_parser.ReasoningMarkers` of a reasoning parser, e.g.
+``Qwen3ReasoningParser.markers``) constrains only the answer after the reply's reasoning
+(:mod:`vlite.core.reasoning_grammar`); the server sets it from ``--reasoning-parser``.
+Problems are reported at construction, naming the field, as
+:class:`~vlite.core.sampling_params.SamplingParamsError` does.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vlite.core.errors import InvalidRequestError
+from vlite.core.reasoning_parser import ReasoningMarkers
 
 #: The constraint fields, of which a request sets exactly one.
 CONSTRAINT_FIELDS = ("json", "json_object", "regex", "choice", "grammar")
@@ -44,6 +49,7 @@ class StructuredOutputsParams:
     choice: list[str] | None = None
     grammar: str | None = None
     backend: str | None = None
+    after_reasoning: ReasoningMarkers | None = None
 
     def __post_init__(self) -> None:
         chosen = [name for name in CONSTRAINT_FIELDS if self._is_set(name)]
@@ -57,6 +63,10 @@ class StructuredOutputsParams:
         self._check_value(chosen[0])
         if self.backend is not None and not (isinstance(self.backend, str) and self.backend):
             self._fail("backend", "None or a backend name")
+        if self.after_reasoning is not None and not isinstance(
+            self.after_reasoning, ReasoningMarkers
+        ):
+            self._fail("after_reasoning", "None or ReasoningMarkers")
 
     def _is_set(self, name: str) -> bool:
         value = getattr(self, name)
@@ -116,9 +126,10 @@ class StructuredOutputsParams:
         return getattr(self, kind)
 
     @property
-    def key(self) -> tuple[str, str]:
-        """``(kind, spec)``: equal for equal constraints (what compiled grammars are cached by)."""
-        return self.kind, self.spec
+    def key(self) -> tuple[str, str, ReasoningMarkers | None]:
+        """``(kind, spec, after_reasoning)``: equal for equal constraints (what compiled
+        grammars are cached by)."""
+        return self.kind, self.spec, self.after_reasoning
 
 
 def _short(value: Any, limit: int = 80) -> str:

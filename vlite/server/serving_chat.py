@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,6 +11,7 @@ from fastapi.responses import Response
 
 from vlite.core.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from vlite.core.sampling_params import MAX_LOGPROBS, SamplingParams
+from vlite.core.structured_output_params import StructuredOutputsParams
 from vlite.engine.input_processor import Prompt
 from vlite.server.chat_prompt import chat_prompt
 from vlite.server.errors import OpenAIError
@@ -30,7 +32,7 @@ from vlite.server.protocol import (
     ToolCall,
     UsageInfo,
 )
-from vlite.server.reasoning import new_split, reasoning_parser_class
+from vlite.server.reasoning import ReasoningSplit, new_split, reasoning_parser_class
 from vlite.server.serving import UNSUPPORTED_FIELDS, Choice, OpenAIServing
 from vlite.server.settings import ServerSettings
 from vlite.server.tool_calls import ToolCallStream, new_stream, tool_parser_class
@@ -67,6 +69,12 @@ class ChatServing(OpenAIServing):
         self.tool_parser_cls = tool_parser_class(name) if name else None
         name = self.settings.reasoning_parser
         self.reasoning_parser_cls = reasoning_parser_class(name) if name else None
+        #: Whether output constraints start after the reasoning (a reasoning parser, and
+        #: no ``--structured-outputs-in-reasoning``).
+        self.constrains_answer_only = (
+            self.reasoning_parser_cls is not None
+            and not self.settings.structured_outputs_in_reasoning
+        )
 
     def tool_plan(self, request: ChatCompletionRequest) -> ToolPlan:
         """The request's :class:`ToolPlan` (``"auto"`` where this server has a parser)."""
@@ -91,7 +99,22 @@ class ChatServing(OpenAIServing):
         params = self.sampling_params(
             request, max_tokens, logprobs=num_top, constraint=plan.constraint
         )
+        if params.structured_outputs is not None and self.constrains_answer_only:
+            params.structured_outputs = self._after_reasoning(params.structured_outputs)
         return prompt, params
+
+    def _after_reasoning(self, constraint: StructuredOutputsParams) -> StructuredOutputsParams:
+        """``constraint`` on the answer only: after the reasoning parser's markers."""
+        parser_cls = self.reasoning_parser_cls
+        if parser_cls.markers is None:
+            raise OpenAIError(
+                f"the reasoning parser {self.settings.reasoning_parser!r} declares no markers, "
+                "so response_format, structured_outputs and forced tool calls cannot start "
+                "after its reasoning (start the server with --structured-outputs-in-reasoning "
+                "to constrain the whole reply)",
+                param="response_format",
+            )
+        return dataclasses.replace(constraint, after_reasoning=parser_cls.markers)
 
     def response(
         self,
@@ -129,11 +152,13 @@ class ChatServing(OpenAIServing):
         choice's finish reason; with a forced tool call, tool-call deltas instead of content,
         and with ``tool_choice="auto"`` what the tool-call parser reads of the answer."""
         plan = state.get("plan") or state.setdefault("plan", self.tool_plan(request))
-        if plan.calls_tools:
-            yield from self._tool_call_events(request_id, plan, completion, state)
-            return
         index = completion.index
-        reasoning, answer = self._split_step(completion, state)
+        reasoning, answer = self._split_step(completion, plan, state)
+        if plan.calls_tools:
+            if reasoning:
+                yield self._chunk(request_id, index, DeltaMessage(reasoning_content=reasoning))
+            yield from self._tool_call_events(request_id, plan, completion, answer, state)
+            return
         deltas = [DeltaMessage(reasoning_content=reasoning)] if reasoning else []
         if plan.parses_calls:
             stream = self._call_stream(plan, index, state)
@@ -156,11 +181,13 @@ class ChatServing(OpenAIServing):
                 reason = "tool_calls" if reason == "stop" else reason
             yield self._chunk(request_id, index, DeltaMessage(), reason)
 
-    def _split_step(self, completion: CompletionOutput, state: dict) -> tuple[str, str]:
+    def _split_step(
+        self, completion: CompletionOutput, plan: ToolPlan, state: dict
+    ) -> tuple[str, str]:
         """The ``(reasoning, answer)`` this step settles of its choice's reply (all answer
-        without a reasoning parser)."""
+        without a reasoning parser, or when a forced call constrains the whole reply)."""
         key = ("reasoning", completion.index)
-        split = state.get(key) or state.setdefault(key, new_split(self.reasoning_parser_cls))
+        split = state.get(key) or state.setdefault(key, self._new_split(plan))
         reasoning, answer = split.feed(completion.text)
         if completion.finished:
             more_reasoning, more_answer = split.finish()
@@ -174,25 +201,35 @@ class ChatServing(OpenAIServing):
             key, new_stream(self.tool_parser_cls, plan.tools or [])
         )
 
+    def _new_split(self, plan: ToolPlan) -> ReasoningSplit:
+        """A choice's split: the reasoning parser's, except that a reply a forced call
+        constrains from its start (``--structured-outputs-in-reasoning``) is all answer."""
+        if plan.calls_tools and not self.constrains_answer_only:
+            return new_split(None)
+        return new_split(self.reasoning_parser_cls)
+
     def _tool_call_events(
-        self, request_id: str, plan: ToolPlan, completion: CompletionOutput, state: dict
+        self,
+        request_id: str,
+        plan: ToolPlan,
+        completion: CompletionOutput,
+        answer: str,
+        state: dict,
     ) -> Iterator[dict[str, Any]]:
-        """A named function: its name once, then argument deltas as they come. Required
-        calls: the text is kept until the list is complete, then one delta per call. An
-        output that does not parse (cut by ``max_tokens``) ends as plain content."""
+        """A named function: its name once (when its answer begins), then argument deltas
+        as they come. Required calls: the answer is kept until the list is complete, then
+        one delta per call. An answer that does not parse (cut by ``max_tokens``) ends as
+        plain content."""
         index = completion.index
         texts = state.setdefault(("text", index), [])
-        texts.append(completion.text)
-        if plan.mode == "named":
+        texts.append(answer)
+        if plan.mode == "named" and answer:
             if ("opened", index) not in state:
                 state["opened", index] = True
                 call = ToolCall(function=FunctionCall(name=plan.function_name, arguments=""))
                 yield self._chunk(request_id, index, _call_delta(0, call))
-            if completion.text:
-                arguments = DeltaToolCall(
-                    index=0, function=DeltaFunctionCall(arguments=completion.text)
-                )
-                yield self._chunk(request_id, index, DeltaMessage(tool_calls=[arguments]))
+            arguments = DeltaToolCall(index=0, function=DeltaFunctionCall(arguments=answer))
+            yield self._chunk(request_id, index, DeltaMessage(tool_calls=[arguments]))
         if not completion.finished:
             return
         calls = plan.tool_calls("".join(texts))
@@ -208,9 +245,9 @@ class ChatServing(OpenAIServing):
         """A whole reply: its reasoning split off, then, with ``tool_choice="auto"``, the
         answer's calls read, through the same parser paths as a stream. Content is
         ``None`` (vLLM's) when the reply is reasoning only, or calls only."""
+        reasoning, answer = self._new_split(plan).whole(choice.text)
         if plan.calls_tools:
-            return _chat_choice(choice, plan, num_top)
-        reasoning, answer = new_split(self.reasoning_parser_cls).whole(choice.text)
+            return _chat_choice(choice, answer, reasoning, plan, num_top)
         content, calls = answer, None
         if plan.parses_calls:
             reply = new_stream(self.tool_parser_cls, plan.tools or []).whole(answer)
@@ -252,13 +289,16 @@ class ChatServing(OpenAIServing):
         return payload
 
 
-def _chat_choice(choice: Choice, plan: ToolPlan, num_top: int | None) -> ChatChoice:
-    """A whole reply: its text, or the tool calls parsed from it."""
-    calls = plan.tool_calls(choice.text) if plan.calls_tools else None
-    message = (
-        ChatResponseMessage(content=None, tool_calls=calls)
-        if calls is not None
-        else ChatResponseMessage(content=choice.text)
+def _chat_choice(
+    choice: Choice, answer: str, reasoning: str, plan: ToolPlan, num_top: int | None
+) -> ChatChoice:
+    """A whole reply whose answer a forced call constrained: the calls parsed from the
+    answer, or the answer as content if it does not parse."""
+    calls = plan.tool_calls(answer)
+    message = ChatResponseMessage(
+        content=None if calls is not None or not answer and reasoning else answer,
+        reasoning_content=reasoning or None,
+        tool_calls=calls,
     )
     return ChatChoice(
         index=choice.index,

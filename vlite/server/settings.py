@@ -90,6 +90,13 @@ class ServerSettings(BaseSettings):
         "goes out as message.reasoning_content (streamed as delta.reasoning_content), the "
         "answer after it as content, and only the answer is read for tool calls.",
     )
+    structured_outputs_in_reasoning: bool = Field(
+        False,
+        description="With --reasoning-parser: constrain the whole reply, reasoning "
+        "included, by response_format, structured_outputs and forced tool calls (vLLM's "
+        "enable_in_reasoning). Off (the default): the reasoning runs free and the "
+        "constraint applies to the answer after it.",
+    )
     shutdown_timeout_s: float = Field(
         30.0,
         ge=0,

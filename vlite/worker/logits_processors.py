@@ -57,18 +57,24 @@ class LogitsProcessorPipeline:
             self._added.pop(request_id, None)
             self._removed[request_id] = None
 
-    def update_state(self, rows: list[str]) -> None:
-        """Give each processor the pending changes and this step's ``rows`` (the request
-        of each logits row); the changes are then no longer pending."""
-        update = BatchUpdate(list(self._added.values()), list(self._removed), rows)
+    def update_state(self, rows: list[str], drafts_before: list[list[int]] | None = None) -> None:
+        """Give each processor the pending changes, this step's ``rows`` (the request of
+        each logits row) and the drafts each row follows (``None``: none); the changes are
+        then no longer pending."""
+        update = BatchUpdate(
+            list(self._added.values()), list(self._removed), rows, drafts_before or []
+        )
         self._added, self._removed = {}, {}
         for processor in self.processors:
             processor.update_state(update)
 
-    def apply(self, logits: torch.Tensor, rows: list[str]) -> torch.Tensor:
-        """Run every processor on ``logits`` (``[len(rows), vocab_size]``); returns the
-        edited logits (the same tensor, unless a processor returned another)."""
-        self.update_state(rows)
+    def apply(
+        self, logits: torch.Tensor, rows: list[str], drafts_before: list[list[int]] | None = None
+    ) -> torch.Tensor:
+        """Run every processor on ``logits`` (``[len(rows), vocab_size]``; ``drafts_before``
+        as :attr:`BatchUpdate.drafts_before`); returns the edited logits (the same tensor,
+        unless a processor returned another)."""
+        self.update_state(rows, drafts_before)
         for processor in self.processors:
             logits = processor.apply(logits)
         return logits

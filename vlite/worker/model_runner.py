@@ -253,7 +253,7 @@ class ModelRunner:
             logprobs_request = LogprobsRequest.capture(
                 logits, [state.sampling_params.logprobs for state in states]
             )
-        logits = self.logits_processors.apply(logits, request_ids)
+        logits = self.logits_processors.apply(logits, request_ids, row_drafts)
         if grammar_bitmask is not None:  # last: the grammar has the final word
             apply_grammar_bitmask(logits, request_ids, grammar_bitmask)
         sampled = self.sampler.sample(logits, metadata)

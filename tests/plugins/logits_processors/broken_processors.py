@@ -12,6 +12,7 @@ import torch
 from vlite.core.hookspecs import hookimpl
 from vlite.core.logits_processor import BatchUpdate, LogitsProcessor
 from vlite.plugins.logits_processors.allowed_token_ids import AllowedTokenIdsLogitsProcessor
+from vlite.plugins.logits_processors.bad_words import BadWordsLogitsProcessor
 from vlite.plugins.logits_processors.logit_bias import LogitBiasLogitsProcessor
 from vlite.plugins.logits_processors.min_tokens import MinTokens, MinTokensLogitsProcessor
 
@@ -113,6 +114,14 @@ class Float64LogitBias(LogitBiasLogitsProcessor):
         return logits + table
 
 
+class DraftBlindBadWords(BadWordsLogitsProcessor):
+    """Claims ``follows_drafts`` but bans by the request's tokens alone: a row after drafts
+    misses a word the drafts began."""
+
+    def drafts_before_row(self, row: int) -> list[int]:
+        return []
+
+
 @hookimpl
 def register_logits_processors(register):
     register("every-row-bias", EveryRowLogitBias)
@@ -121,3 +130,4 @@ def register_logits_processors(register):
     register("stale-tokens-min-tokens", StaleTokensMinTokens)
     register("always-masking-allowed", AlwaysMaskingAllowedTokenIds)
     register("float64-bias", Float64LogitBias)
+    register("draft-blind-bad-words", DraftBlindBadWords)

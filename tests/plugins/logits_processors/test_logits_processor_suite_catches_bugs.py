@@ -144,3 +144,16 @@ def test_catches_a_processor_that_changes_the_dtype(pytester):
         },
         set(),  # every step checks the logits' dtype
     )
+
+
+def test_catches_a_processor_that_claims_to_follow_drafts_but_ignores_them(pytester):
+    outcomes = run_suite(pytester, "draft-blind-bad-words")
+    assert_caught(
+        outcomes,
+        {"test_rows_after_drafts_get_the_edit_of_their_context"},
+        {
+            EXAMPLES_WORK,
+            "test_a_row_gets_the_same_edit_alone_and_in_any_batch[as-listed]",
+            "test_output_tokens_appended_to_the_live_list_are_seen",
+        },
+    )

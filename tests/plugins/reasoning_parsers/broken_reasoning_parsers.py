@@ -33,7 +33,19 @@ class LosesAnswerTextParser(DeepSeekR1ReasoningParser):
         return events
 
 
+class MisdeclaresMarkersParser(DeepSeekR1ReasoningParser):
+    """Splits as ``deepseek_r1`` (at ``</think>``) but declares ``</thought>`` as its end
+    marker: a grammar trusting the declaration would constrain the wrong text."""
+
+    markers = think_tags.ReasoningMarkers(think_tags.OPEN, "</thought>", starts_in_reasoning=True)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.markers = DeepSeekR1ReasoningParser.markers  # what it really splits by
+
+
 @hookimpl
 def register_reasoning_parsers(register):
     register("leaks-split-markers", LeaksSplitMarkersParser)
     register("loses-answer-text", LosesAnswerTextParser)
+    register("misdeclares-markers", MisdeclaresMarkersParser)

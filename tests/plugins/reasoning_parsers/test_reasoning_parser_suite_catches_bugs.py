@@ -50,6 +50,7 @@ STREAMS = "test_examples_stream_as_they_parse_however_cut"
 CUT_OFF = "test_cut_off_outputs_stream_as_they_parse"
 HAS_BOTH = "test_examples_include_reasoning_and_an_answer"
 EMPTY = "test_an_empty_reply_gives_nothing"
+MARKERS = "test_declared_markers_split_as_the_parser_does"
 
 
 def run_suite(pytester: pytest.Pytester, name: str) -> dict[str, str]:
@@ -64,3 +65,8 @@ def test_catches_a_marker_split_across_deltas_sent_as_reasoning(pytester):
 def test_catches_answer_text_lost_after_the_closing_marker(pytester):
     outcomes = run_suite(pytester, "loses-answer-text")
     assert_caught(outcomes, {GOLDEN, STREAMS}, {HAS_BOTH, EMPTY})
+
+
+def test_catches_markers_the_parser_does_not_split_by(pytester):
+    outcomes = run_suite(pytester, "misdeclares-markers")
+    assert_caught(outcomes, {MARKERS}, {GOLDEN, STREAMS, CUT_OFF, HAS_BOTH, EMPTY})

@@ -24,6 +24,8 @@ class AllowedTokenIdsLogitsProcessor(PerRequestLogitsProcessor[list[int]]):
     step's constrained rows change, and reused while they do not.
     """
 
+    follows_drafts = True  # its edit of a row does not read the tokens before it
+
     #: Requests that use it (for ``LogitsProcessorConformance``).
     active_params: ClassVar[list[SamplingParams]] = [
         SamplingParams(allowed_token_ids=[1, 5, 9, 5000]),

@@ -30,9 +30,11 @@ class BadWords:
     token_ids: list[int]
     num_prompt_tokens: int
 
-    def banned_now(self) -> list[int]:
-        """The tokens that would complete a bad word at the end of the output so far."""
-        tokens, num_output = self.token_ids, len(self.token_ids) - self.num_prompt_tokens
+    def banned_now(self, drafts: list[int]) -> list[int]:
+        """The tokens that would complete a bad word at the end of the output so far,
+        followed by ``drafts``."""
+        tokens = self.token_ids + drafts if drafts else self.token_ids
+        num_output = len(tokens) - self.num_prompt_tokens
         banned = []
         for prefix, last in self.words:
             size = len(prefix)
@@ -46,9 +48,12 @@ class BadWordsLogitsProcessor(PerRequestLogitsProcessor[BadWords]):
 
     vLLM's rule: only the output is looked at (a word may straddle the prompt's end); a
     one-token word is always banned; a word whose last token is outside the vocabulary is
-    ignored. Each step costs host work proportional to the words of the rows that use it,
-    and one indexed write when a word is due.
+    ignored. A row that follows drafts reads them after the output. Each step costs host
+    work proportional to the words of the rows that use it, and one indexed write when a
+    word is due.
     """
+
+    follows_drafts = True
 
     #: Requests that use it (for ``LogitsProcessorConformance``).
     active_params: ClassVar[list[SamplingParams]] = [
@@ -67,7 +72,11 @@ class BadWordsLogitsProcessor(PerRequestLogitsProcessor[BadWords]):
         return BadWords(words, request.token_ids, request.num_prompt_tokens)
 
     def edit_rows(self, logits: torch.Tensor) -> torch.Tensor:
-        pairs = [(row, t) for row, state in self.active for t in state.banned_now()]
+        pairs = [
+            (row, token)
+            for row, state in self.active
+            for token in state.banned_now(self.drafts_before_row(row))
+        ]
         if not pairs:
             return logits
         return set_to_minus_inf(logits, pairs)

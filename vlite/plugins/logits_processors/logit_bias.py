@@ -24,6 +24,8 @@ class LogitBiasLogitsProcessor(PerRequestLogitsProcessor[Bias]):
     step's rows that use a bias change, and reused while they do not.
     """
 
+    follows_drafts = True  # its edit of a row does not read the tokens before it
+
     #: Requests that use it (for ``LogitsProcessorConformance``).
     active_params: ClassVar[list[SamplingParams]] = [
         SamplingParams(logit_bias={3: 5.0, 17: -100.0, 5000: 1.0}),

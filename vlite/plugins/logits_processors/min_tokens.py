@@ -41,9 +41,10 @@ class MinTokens:
 class MinTokensLogitsProcessor(PerRequestLogitsProcessor[MinTokens]):
     """Sets a row's EOS (unless ``ignore_eos``) and ``stop_token_ids`` to ``-inf`` while its
     request has fewer than ``min_tokens`` output tokens (vLLM's rule). Stop ids outside the
-    vocabulary (tokens the model cannot produce) are ignored. A request verifying draft
-    tokens has one row per draft position: its ``i``-th row counts the ``i`` drafts before
-    it as output."""
+    vocabulary (tokens the model cannot produce) are ignored. A row that follows drafts
+    counts them as output."""
+
+    follows_drafts = True
 
     #: Requests that use it (for ``LogitsProcessorConformance``).
     active_params: ClassVar[list[SamplingParams]] = [
@@ -64,13 +65,9 @@ class MinTokensLogitsProcessor(PerRequestLogitsProcessor[MinTokens]):
         return MinTokens(params.min_tokens, stop_ids, request.token_ids, request.num_prompt_tokens)
 
     def edit_rows(self, logits: torch.Tensor) -> torch.Tensor:
-        # A request verifying drafts has consecutive rows: its i-th follows i drafts.
-        seen: dict[int, int] = {}
         pairs = []
         for row, state in self.active:
-            ahead = seen.get(id(state), 0)
-            seen[id(state)] = ahead + 1
-            if state.is_due(ahead):
+            if state.is_due(len(self.drafts_before_row(row))):
                 pairs += [(row, token) for token in state.stop_ids]
         if not pairs:
             return logits

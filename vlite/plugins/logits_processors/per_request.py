@@ -35,6 +35,8 @@ class PerRequestLogitsProcessor(LogitsProcessor, Generic[State]):
         super().__init__(config, device, vocab_size)
         self.states: dict[str, State] = {}
         self.active: list[tuple[int, State]] = []
+        #: The drafts each row of this step follows (:attr:`BatchUpdate.drafts_before`).
+        self.drafts_before: list[list[int]] = []
         self.active_changed = True
         self._active_key: tuple[tuple[int, str], ...] = ()
 
@@ -50,6 +52,7 @@ class PerRequestLogitsProcessor(LogitsProcessor, Generic[State]):
     def update_state(self, batch_update: BatchUpdate) -> None:
         """Forget the removed requests, learn the added ones, and find this step's rows
         (O(changes) when no request uses the processor, else O(changes + rows))."""
+        self.drafts_before = batch_update.drafts_before
         changed = False
         for request_id in batch_update.removed:
             changed |= self.states.pop(request_id, None) is not None
@@ -68,6 +71,10 @@ class PerRequestLogitsProcessor(LogitsProcessor, Generic[State]):
             self._active_key = key
             self.active = [(row, self.states[request_id]) for row, request_id in key]
             self.active_changed = True
+
+    def drafts_before_row(self, row: int) -> list[int]:
+        """The draft tokens row ``row`` of this step follows (``[]`` for none)."""
+        return self.drafts_before[row] if self.drafts_before else []
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """``logits`` untouched when no row uses the processor, else :meth:`edit_rows`."""

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from vlite.core.reasoning_parser import ReasoningParserExample
-from vlite.plugins.reasoning_parsers.think_tags import ThinkTagReasoningParser
+from vlite.core.reasoning_parser import ReasoningMarkers, ReasoningParserExample
+from vlite.plugins.reasoning_parsers.think_tags import CLOSE, OPEN, ThinkTagReasoningParser
 
 
 class DeepSeekR1ReasoningParser(ThinkTagReasoningParser):
     """Reasoning until the first ``</think>`` (an optional leading ``<think>`` dropped),
     answer after it."""
 
-    reasons_without_open = True
+    markers = ReasoningMarkers(OPEN, CLOSE, starts_in_reasoning=True)
     examples: ClassVar[tuple[ReasoningParserExample, ...]] = (
         ReasoningParserExample(
             "<think>\nTwo and two. Four.\n</think>\n\nIt is 4.",

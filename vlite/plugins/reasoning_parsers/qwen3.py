@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from vlite.core.reasoning_parser import ReasoningParserExample
-from vlite.plugins.reasoning_parsers.think_tags import ThinkTagReasoningParser
+from vlite.core.reasoning_parser import ReasoningMarkers, ReasoningParserExample
+from vlite.plugins.reasoning_parsers.think_tags import CLOSE, OPEN, ThinkTagReasoningParser
 
 
 class Qwen3ReasoningParser(ThinkTagReasoningParser):
     """Reasoning only between a leading ``<think>`` and the first ``</think>``."""
 
-    reasons_without_open = False
+    markers = ReasoningMarkers(OPEN, CLOSE)
     examples: ClassVar[tuple[ReasoningParserExample, ...]] = (
         ReasoningParserExample(
             "<think>\nTwo and two. Four.\n</think>\n\nIt is 4.",

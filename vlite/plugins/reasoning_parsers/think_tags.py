@@ -1,5 +1,7 @@
-"""The shared half of the ``<think>...</think>`` parsers (``deepseek_r1``, ``qwen3``):
-they differ only in what an output that does not open with ``<think>`` is."""
+"""The parser of a reasoning between two markers, as :class:`ReasoningMarkers` defines it
+(``<think>`` and ``</think>`` unless a subclass sets others): the shared half of
+``deepseek_r1`` and ``qwen3``, which differ only in what an output that does not open
+with ``<think>`` is (``starts_in_reasoning``)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from typing import ClassVar
 from vlite.core.reasoning_parser import (
     AnswerDelta,
     ReasoningDelta,
+    ReasoningMarkers,
     ReasoningParser,
     ReasoningParserEvent,
 )
@@ -25,17 +28,19 @@ ANSWER = "answer"
 
 
 class ThinkTagReasoningParser(ReasoningParser):
-    """Holds the output's start until it shows whether it opens with ``<think>`` (after
-    whitespace, which is dropped with the marker); streams reasoning up to ``</think>``
-    (holding back a suffix that could begin it), then the rest as answer, as it comes.
+    """Holds the output's start until it shows whether it opens with ``markers.start``
+    (after whitespace, which is dropped with the marker); streams reasoning up to the end
+    marker (holding back a suffix that could begin it), then the rest as answer, as it
+    comes.
 
-    A second ``<think>`` or ``</think>`` is text: in the reasoning it is reasoning, in the
-    answer it is answer. A reply cut off inside its reasoning is all reasoning.
+    A second start or end marker is text: in the reasoning it is reasoning, in the answer
+    it is answer. A reply cut off inside its reasoning is all reasoning.
     """
 
-    #: Whether an output that does not open with ``<think>`` starts in its reasoning
-    #: (templates that put ``<think>`` in the prompt) rather than being all answer.
-    reasons_without_open: ClassVar[bool] = False
+    #: ``starts_in_reasoning``: whether an output that does not open with ``<think>``
+    #: starts in its reasoning (templates that put ``<think>`` in the prompt) rather than
+    #: being all answer.
+    markers: ClassVar[ReasoningMarkers] = ReasoningMarkers(OPEN, CLOSE)
 
     def __init__(self) -> None:
         self._held = ""
@@ -55,30 +60,30 @@ class ThinkTagReasoningParser(ReasoningParser):
     def _open(self) -> None:
         """Leave ``OPENING`` once the start of the output is known."""
         start = self._held.lstrip()
-        if not start or (OPEN.startswith(start) and start != OPEN):
+        if not start or (self.markers.start.startswith(start) and start != self.markers.start):
             return
-        if start.startswith(OPEN):
-            self._held = start[len(OPEN) :]
+        if start.startswith(self.markers.start):
+            self._held = start[len(self.markers.start) :]
             self._state = REASONING
         else:
-            self._state = REASONING if self.reasons_without_open else ANSWER
+            self._state = REASONING if self.markers.starts_in_reasoning else ANSWER
 
     def _reasoning_step(self) -> list[ReasoningParserEvent]:
         """Reasoning up to ``</think>`` (then the answer begins), or up to a suffix that
         could begin it."""
-        end = self._held.find(CLOSE)
+        end = self._held.find(self.markers.end)
         if end >= 0:
             reasoning = self._take(end)
-            self._take(len(CLOSE))
+            self._take(len(self.markers.end))
             self._state = ANSWER
             return self._reasoning(reasoning)
-        cut = len(self._held) - partial_marker_length(self._held, (CLOSE,))
+        cut = len(self._held) - partial_marker_length(self._held, (self.markers.end,))
         return self._reasoning(self._take(cut))
 
     def finish(self) -> list[ReasoningParserEvent]:
         state = self._state
         if state == OPENING:  # a short output: all of it is its start
-            state = REASONING if self.reasons_without_open else ANSWER
+            state = REASONING if self.markers.starts_in_reasoning else ANSWER
         text = self._take(len(self._held))
         return self._reasoning(text) if state == REASONING else self._answer(text)
 

@@ -9,7 +9,9 @@ one of them. The requests come from :attr:`LogitsProcessorConformance.active_par
 (requests that use the processor) and ``inactive_params`` (requests that do not); each
 request's tokens are ``prompt_token_ids`` followed by the first few ``output_token_ids``.
 
-The cost contract is checked too: a step in which no row uses the processor must run no
+A processor that claims ``follows_drafts`` is checked on steps that verify drafts: each row
+after drafts must get the edit of its request with those drafts appended. The cost
+contract is checked too: a step in which no row uses the processor must run no
 tensor operation at all (:class:`TensorWorkRecorder` watches for them) and hand the logits
 back as they came.
 """
@@ -178,15 +180,18 @@ class LogitsProcessorConformance(PluginConformance):
         rows: Sequence[RequestCase],
         added: Sequence[RequestCase] = (),
         removed: Sequence[str] = (),
+        drafts_before: Sequence[list[int]] = (),
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One step: ``update_state`` with the changes and ``rows``, then ``apply`` to the
-        rows' logits. Returns ``(returned, given)``: what ``apply`` returned, and the logits
-        it was handed (the same tensor object, if edited in place)."""
+        """One step: ``update_state`` with the changes, ``rows`` and the drafts each row
+        follows, then ``apply`` to the rows' logits. Returns ``(returned, given)``: what
+        ``apply`` returned, and the logits it was handed (the same tensor object, if edited
+        in place)."""
         processor.update_state(
             BatchUpdate(
                 added=[case.added(self.eos_token_id) for case in added],
                 removed=list(removed),
                 rows=[case.request_id for case in rows],
+                drafts_before=list(drafts_before),
             )
         )
         logits = torch.stack([case.logits for case in rows]).to(self.device)
@@ -334,6 +339,30 @@ class LogitsProcessorConformance(PluginConformance):
         processor.update_state(BatchUpdate(rows=[]))  # a step that samples no row
         returned, _ = self.step(processor, everyone)
         self.assert_rows_match_references(new_processor, everyone, returned, "after a gap")
+
+    def test_rows_after_drafts_get_the_edit_of_their_context(
+        self, plugin_cls, new_processor, examples
+    ) -> None:
+        """A processor that claims ``follows_drafts``: in a step where every other request
+        verifies drafts (``k + 1`` consecutive rows), its ``i``-th row gets the edit the
+        request gets alone with its first ``i`` drafts appended to its tokens."""
+        if not getattr(plugin_cls, "follows_drafts", False):
+            pytest.skip("the processor does not claim follows_drafts")
+        processor = new_processor()
+        requests = self.mixed_requests(examples)
+        self.step(processor, requests, added=requests)
+        drafts = list(self.output_token_ids[:3])
+        rows, contexts, drafts_before = [], [], []
+        for index, case in enumerate(requests):
+            own = drafts if index % 2 == 0 else []
+            for position in range(len(own) + 1):
+                logits = self.request(f"{case.request_id}#{position}", case.params).logits
+                row = dataclasses.replace(case, logits=logits)
+                rows.append(row)
+                contexts.append(dataclasses.replace(row, token_ids=row.token_ids + own[:position]))
+                drafts_before.append(own[:position])
+        returned, _ = self.step(processor, rows, drafts_before=drafts_before)
+        self.assert_rows_match_references(new_processor, contexts, returned, "rows after drafts")
 
     # ---- state that follows the batch ----------------------------------------------------
 

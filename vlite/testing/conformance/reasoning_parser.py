@@ -8,6 +8,8 @@ answer; then it is streamed whole, character by character, in two deltas at ever
 point and in seeded random chunkings, and every stream's events must join to the whole
 parse, with all reasoning before any answer and nothing the model did not write. Every
 prefix of every example (an output cut off by ``max_tokens``) is streamed the same ways.
+A parser that declares :class:`~vlite.core.reasoning_parser.ReasoningMarkers` (``markers``)
+must split every example, and every prefix of one, exactly as the markers define.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pytest
 from vlite.core.reasoning_parser import (
     AnswerDelta,
     ReasoningDelta,
+    ReasoningMarkers,
     ReasoningParser,
     ReasoningParseResult,
     ReasoningParserExample,
@@ -134,6 +137,25 @@ class ReasoningParserConformance(PluginConformance):
         for example in golden:
             for end in range(len(example.text)):
                 self.check_streams_as_parsed(plugin_cls, example.text[:end], 3, False)
+
+    # ---- markers ------------------------------------------------------------------------
+
+    def test_declared_markers_split_as_the_parser_does(self, plugin_cls, golden) -> None:
+        """Structured outputs trust ``markers`` to tell where the answer starts: a parser
+        that declares them splits every example and every prefix as they define."""
+        markers = plugin_cls.markers
+        if markers is None:
+            return  # nothing declared, nothing to hold to
+        assert isinstance(markers, ReasoningMarkers), (
+            f"{plugin_cls.__name__}.markers is {markers!r}, not None or ReasoningMarkers"
+        )
+        for example in golden:
+            for end in range(len(example.text) + 1):
+                text = example.text[:end]
+                parsed, defined = plugin_cls().parse(text), markers.split(text)
+                assert parsed == defined, (
+                    f"{text!r}: the parser gives {parsed}, its markers {markers} define {defined}"
+                )
 
     def test_an_empty_reply_gives_nothing(self, plugin_cls) -> None:
         parser = plugin_cls()
