@@ -13,6 +13,7 @@ from vlite.core.errors import InvalidRequestError
 from vlite.core.outputs import CompletionOutput, RequestOutput
 from vlite.engine.exceptions import EngineDeadError, EngineGenerateError
 from vlite.server.api_server import build_app
+from vlite.server.guards import Drain
 
 
 class FakeTokenizer:
@@ -123,3 +124,42 @@ def test_a_bug_is_a_500_with_an_id_and_a_logged_traceback_never_a_400(caplog):
     error_id = re.search(r"id ([0-9a-f]{12})", message).group(1)
     logged = [r for r in caplog.records if error_id in r.getMessage()]
     assert logged and logged[0].exc_info is not None
+
+
+def test_refusals_on_anthropics_path_take_its_shape_and_keep_their_headers():
+    async def send():
+        drain = Drain()
+        transport = httpx.ASGITransport(
+            app=build_app(FailingEngine(dead=False), "fake", None, drain)
+        )
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            replies = [
+                await client.get("/v1/messages"),  # routing's 405
+                await client.post("/v1/messages/count_tokens", json={}),  # routing's 404
+            ]
+            drain.draining = True
+            replies += [
+                await client.post(path, json={}) for path in ("/v1/messages", "/v1/completions")
+            ]
+            return replies
+
+    wrong_method, missing, draining, openai = asyncio.run(asyncio.wait_for(send(), 30))
+
+    for reply, status, kind in (
+        (wrong_method, 405, "invalid_request_error"),
+        (missing, 404, "not_found_error"),
+        (draining, 503, "overloaded_error"),
+    ):
+        assert reply.status_code == status
+        body = reply.json()
+        assert body == {
+            "type": "error",
+            "error": {"type": kind, "message": body["error"]["message"]},
+        }
+    assert wrong_method.headers["allow"] == "POST"
+    assert draining.headers["retry-after"] == "5" and draining.headers["connection"] == "close"
+    assert "shutting down" in draining.json()["error"]["message"]
+    # Elsewhere, OpenAI's shape, same message and headers.
+    assert openai.status_code == 503 and openai.headers["retry-after"] == "5"
+    assert openai.json()["error"]["message"] == draining.json()["error"]["message"]
+    assert openai.json()["error"]["type"] == "InternalServerError"

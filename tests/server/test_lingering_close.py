@@ -60,6 +60,14 @@ class Reply:
         assert set(error) == {"message", "type", "param", "code"}
         return error
 
+    def anthropic_error(self) -> dict:
+        """The Anthropic error object of the body (which must be whole to parse)."""
+        assert len(self.body) == int(self.headers["content-length"]), self
+        body = json.loads(self.body)
+        assert body["type"] == "error" and set(body) == {"type", "error"}
+        assert set(body["error"]) == {"type", "message"}
+        return body["error"]
+
 
 def parse(raw: bytes) -> Reply:
     if not raw:
@@ -139,6 +147,7 @@ REFUSALS = {
     "413-chunked": (post_head(AUTH, length=None), chunked(BIG_BODY), 413),
     "401-before-the-body": (post_head(), BIG_BODY, 401),
     "431-before-the-body": (post_head(AUTH, MANY_FIELDS), BIG_BODY, 431),
+    "413-anthropic": (post_head(AUTH, path=b"/v1/messages"), BIG_BODY, 413),
 }
 
 
@@ -150,7 +159,12 @@ def test_a_refusal_of_a_large_body_arrives_whole(server, case):
 
         assert reply.recv_error is None, (attempt, reply)
         assert reply.status == status, (attempt, reply)
-        assert reply.error()["code"] == status
+        if case == "413-anthropic":  # Anthropic's shape on its path
+            error = reply.anthropic_error()
+            assert error["type"] == "request_too_large"
+            assert "larger than the limit" in error["message"]
+        else:
+            assert reply.error()["code"] == status
         assert reply.headers["connection"] == "close"
         # The server read and dropped the rest of the body: the client's send completed.
         assert reply.send_error is None, (attempt, reply.send_error)

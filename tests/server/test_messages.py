@@ -13,9 +13,9 @@ import pytest
 
 from vlite.core.config import VliteConfig
 from vlite.server.anthropic_protocol import MessagesRequest
-from vlite.server.errors import OpenAIError
+from vlite.server.errors import OpenAIError, anthropic_error
 from vlite.server.messages_to_chat import chat_request
-from vlite.server.serving_messages import anthropic_error, stop_reason
+from vlite.server.serving_messages import stop_reason
 from vlite.server.settings import ServerSettings
 from vlite.testing.server_thread import running_server
 from vlite.testing.tiny_models import make_tiny_model
@@ -30,6 +30,9 @@ WEATHER_SCHEMA = {
     "required": ["city"],
     "additionalProperties": False,
 }
+AUTH_MESSAGE = (
+    "a valid API key is required: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
+)
 WEATHER_TOOL = {"name": "get_weather", "description": "Weather", "input_schema": WEATHER_SCHEMA}
 
 
@@ -230,13 +233,25 @@ def test_x_api_key_authenticates_and_a_wrong_key_is_refused(server):
         model=MODEL_NAME, max_tokens=2, messages=ASK
     )
     assert reply.usage.output_tokens == 2
-    with pytest.raises(anthropic.AuthenticationError):
+    with pytest.raises(anthropic.AuthenticationError) as error:
         client_with({"x-api-key": "wrong"}).messages.create(
             model=MODEL_NAME, max_tokens=2, messages=ASK
         )
+    # The guard's refusal, in Anthropic's shape on its path.
+    assert error.value.body == {
+        "type": "error",
+        "error": {"type": "authentication_error", "message": AUTH_MESSAGE},
+    }
     for headers in ({"x-api-key": API_KEY}, {"Authorization": f"Bearer {API_KEY}"}):
         assert httpx.get(server.address + "/v1/models", headers=headers).status_code == 200
-    assert httpx.get(server.address + "/v1/models", headers={"x-api-key": "no"}).status_code == 401
+    refused = httpx.get(server.address + "/v1/models", headers={"x-api-key": "no"})
+    assert refused.status_code == 401  # OpenAI's shape off Anthropic's path
+    assert refused.json()["error"] == {
+        "message": AUTH_MESSAGE,
+        "type": "AuthenticationError",
+        "param": None,
+        "code": 401,
+    }
 
 
 def test_a_conversation_becomes_the_chat_request_it_means():
@@ -344,8 +359,10 @@ def test_stop_reasons(finish, stopped_by, expected):
         (401, "authentication_error"),
         (404, "not_found_error"),
         (413, "request_too_large"),
+        (408, "invalid_request_error"),
+        (431, "invalid_request_error"),
         (500, "api_error"),
-        (503, "api_error"),
+        (503, "overloaded_error"),
     ],
 )
 def test_errors_take_anthropics_types(status, kind):

@@ -1,10 +1,13 @@
-"""``tool_choice="auto"`` with ``--tool-call-parser hermes``: a real server on a tiny random
-model whose text is forced (a regex ``structured_outputs`` spelling out a Hermes call, or
-prose), so that the parser, not the model, is what is tested."""
+"""``tool_choice="auto"`` with the ``hermes`` parser, chosen from the chat template (which
+names ``<tool_call>``; the other servers in these tests name it with ``--tool-call-parser``):
+a real server on a tiny random model whose text is forced (a regex ``structured_outputs``
+spelling out a Hermes call, or prose), so that the parser, not the model, is what is
+tested."""
 
 from __future__ import annotations
 
 import json
+import logging
 
 import httpx
 import openai
@@ -15,8 +18,13 @@ from vlite.core.errors import ConfigError
 from vlite.server.errors import OpenAIError
 from vlite.server.output_constraints import tool_plan
 from vlite.server.protocol import ChatCompletionRequest
+from vlite.server.serving_chat import ChatServing
 from vlite.server.settings import ServerSettings
-from vlite.server.tool_calls import tool_parser_class
+from vlite.server.tool_calls import (
+    parser_from_template,
+    tool_parser_class,
+    with_template_tool_parser,
+)
 from vlite.testing.server_thread import running_server
 from vlite.testing.tiny_models import make_tiny_model
 
@@ -47,10 +55,10 @@ def exactly(text: str) -> dict:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     model = make_tiny_model(tmp_path_factory.mktemp("tool-model"), "LlamaForCausalLM")
+    template = model / "chat_template.jinja"  # Hermes' markers, in a comment
+    template.write_text("{#- calls: <tool_call>{...}</tool_call> -#}" + template.read_text())
     config = VliteConfig(model=str(model), dtype="float32", num_kv_blocks=32, cpu_threads=1)
-    settings = ServerSettings(
-        served_model_name=MODEL_NAME, log_level="warning", tool_call_parser="hermes"
-    )
+    settings = ServerSettings(served_model_name=MODEL_NAME, log_level="warning")
     with running_server(config, settings, TIMEOUT_S) as api_server:
         yield api_server
 
@@ -115,7 +123,8 @@ def assembled(deltas: list[dict]) -> tuple[str, list[tuple[str, str]]]:
     return content, [tuple(calls[index]) for index in sorted(calls)]
 
 
-def test_a_hermes_call_is_a_tool_call_through_the_openai_client(client):
+def test_a_hermes_call_is_a_tool_call_through_the_openai_client(server, client):
+    assert server.settings.tool_call_parser == "hermes"  # chosen from the template
     reply = through_client(client, body(CALL_TEXT))
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls"
@@ -197,3 +206,58 @@ def test_vlite_serve_refuses_an_unknown_parser_before_the_engine_starts():
     with pytest.raises(click.ClickException, match="registered: hermes, llama3_json"):
         _check_parsers(ServerSettings(tool_call_parser="nope"))
     _check_parsers(ServerSettings(tool_call_parser="pythonic"))
+    _check_parsers(ServerSettings(tool_call_parser="none"))  # no parser at all
+
+
+QWEN_LIKE = (
+    "{%- if tools %}For each function call, return a json object within <tool_call>"
+    "</tool_call> XML tags:\n<tool_call>\n{...}\n</tool_call>{% endif %}"
+)
+LLAMA_LIKE = (
+    "Given the following functions, please respond with a JSON for a function call with "
+    "its proper arguments that best answers the given prompt."
+)
+
+
+@pytest.mark.parametrize(
+    "template, expected",
+    [
+        (QWEN_LIKE, "hermes"),
+        ({"default": "{{ messages }}", "tool_use": QWEN_LIKE}, "hermes"),  # named ones
+        (LLAMA_LIKE, "llama3_json"),
+        ('{{ "[TOOL_CALLS] [" }}', "mistral"),
+        ("<tool_call> alone, without its closing tag", None),  # all markers, or none
+        ("{% for message in messages %}{{ message.content }}{% endfor %}", None),
+        (QWEN_LIKE + "[TOOL_CALLS]", None),  # two parsers' markers: ambiguous
+        (None, None),
+    ],
+)
+def test_the_parser_is_chosen_from_a_chat_template_only_when_unambiguous(template, expected):
+    assert parser_from_template(template) == expected
+
+
+def test_a_named_parser_or_none_overrides_the_template(caplog):
+    class Tokenizer:
+        chat_template = QWEN_LIKE
+
+        def get_vocab(self) -> dict[str, int]:
+            return {"a": 0}
+
+    class Engine:
+        max_model_len = 16
+
+        def get_tokenizer(self) -> Tokenizer:
+            return Tokenizer()
+
+    with caplog.at_level(logging.INFO, logger="vlite.server.tool_calls"):
+        chosen = with_template_tool_parser(ServerSettings(), Tokenizer())
+    assert chosen.tool_call_parser == "hermes"
+    assert caplog.messages == [
+        "tool-call parser 'hermes' chosen from the chat template; --tool-call-parser overrides"
+    ]
+    for name in ("pythonic", "none"):
+        given = ServerSettings(tool_call_parser=name)
+        assert with_template_tool_parser(given, Tokenizer()) is given
+    assert with_template_tool_parser(ServerSettings(), object()).tool_call_parser is None
+    off = ChatServing(Engine(), MODEL_NAME, ServerSettings(tool_call_parser="none"))
+    assert off.tool_parser_cls is None  # and 'auto' is the 400 above

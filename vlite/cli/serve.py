@@ -85,7 +85,7 @@ def serve_command(config_file, **options):
         raise click.ClickException(
             f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}"
         ) from None
-    server = ApiServer(config, sock, settings, on_ready=_announce)
+    server = ApiServer(config, sock, settings, on_ready=lambda ready: _announce(ready, settings))
     try:
         server.run()
     except KeyboardInterrupt:
@@ -104,10 +104,11 @@ def _check_parsers(settings: ServerSettings) -> None:
     """Refuse an unknown ``--tool-call-parser`` or ``--reasoning-parser`` before the engine
     starts, naming the registered ones."""
     from vlite.server.reasoning import reasoning_parser_class
-    from vlite.server.tool_calls import tool_parser_class
+    from vlite.server.tool_calls import NO_PARSER, tool_parser_class
 
+    tool_call_parser = settings.tool_call_parser
     for name, lookup in (
-        (settings.tool_call_parser, tool_parser_class),
+        (None if tool_call_parser == NO_PARSER else tool_call_parser, tool_parser_class),
         (settings.reasoning_parser, reasoning_parser_class),
     ):
         if name is None:
@@ -118,7 +119,10 @@ def _check_parsers(settings: ServerSettings) -> None:
             raise click.ClickException(str(exc)) from None
 
 
-def _announce(server) -> None:
+def _announce(server, given: ServerSettings) -> None:
+    """What the started server runs (``given``: the settings as the flags set them)."""
+    from vlite.server.tool_calls import chosen_message
+
     info = server.engine.engine_info
     click.echo(f"attention backend: {info.attention_backend_name}", err=True)
     click.echo(f"quantization: {info.quantization}", err=True)
@@ -141,6 +145,9 @@ def _announce(server) -> None:
             f"{core.block_size} tokens, max_model_len {core.max_model_len}",
             err=True,
         )
+    chosen = server.settings.tool_call_parser
+    if given.tool_call_parser is None and chosen is not None:
+        click.echo(chosen_message(chosen), err=True)
     click.echo(
         f"vlite serving {server.served_model_name!r} at {server.address} "
         f"(OpenAI API under {server.address}/v1"

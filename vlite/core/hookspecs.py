@@ -219,8 +219,9 @@ def register_tool_parsers(register: Register) -> None:
     :param register: ``register(name, cls)``; ``cls`` subclasses
         :class:`vlite.core.tool_parser.ToolParser` and is constructed once per reply as
         ``cls(tools)`` (the request's tools) when ``vlite serve --tool-call-parser`` names
-        it. The server feeds it the reply's text as it is generated (``feed``, then
-        ``finish``) and sends the content and calls it reads.
+        it (or, with no parser named, when the model's chat template has its
+        ``template_markers``). The server feeds it the reply's text as it is generated
+        (``feed``, then ``finish``) and sends the content and calls it reads.
         ``vlite.testing.ToolParserConformance`` checks an implementation.
 
     Called when the server starts, in the server's process (the front end, not the engine

@@ -157,9 +157,17 @@ class ToolParser(ABC):
         tool_names: their function names: a call of any other function is content.
         examples: golden outputs of this format, which ``ToolParserConformance`` checks
             when the test class sets none.
+        template_markers: text whose presence in a chat template shows that the template
+            writes this format (Hermes': ``<tool_call>`` and ``</tool_call>``). Started
+            without ``--tool-call-parser``, the server uses the one registered parser all
+            of whose markers its model's chat template contains, if exactly one has them
+            all; a parser without markers (the default) is never chosen so. Keep them
+            specific to the format: a marker another format's templates also write makes
+            the choice ambiguous, and then none is made.
     """
 
     examples: ClassVar[tuple[ToolParserExample, ...]] = ()
+    template_markers: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, tools: Sequence[Mapping[str, Any]]) -> None:
         self.tools = list(tools)

@@ -45,6 +45,7 @@ from vlite.server.serving_messages import MessagesServing
 from vlite.server.serving_responses import ResponsesServing
 from vlite.server.serving_tokenize import TokenizeServing
 from vlite.server.settings import ServerSettings
+from vlite.server.tool_calls import with_template_tool_parser
 from vlite.worker.cpu_threads import default_cpu_threads, physical_cores
 
 logger = logging.getLogger(__name__)
@@ -233,7 +234,10 @@ class ApiServer:
         config: the engine configuration.
         sock: a listening socket (see :func:`bind_socket`).
         settings: the server's settings (``served_model_name``, ``log_level``, keys,
-            limits, timeouts); default: ``ServerSettings()``.
+            limits, timeouts); default: ``ServerSettings()``. Once the engine has started,
+            :attr:`settings` names the tool-call parser chosen from the model's chat
+            template when none was named (see
+            :func:`~vlite.server.tool_calls.with_template_tool_parser`).
         on_ready: called (in the server's thread) once the engine is ready, with this server.
     """
 
@@ -279,6 +283,7 @@ class ApiServer:
         )
         watcher = None
         try:
+            self.settings = with_template_tool_parser(settings, self.engine.get_tokenizer())
             app = build_app(self.engine, self.served_model_name, self.settings, self.drain)
             self._server = _Server(self._uvicorn_config(app))
             self._server.should_exit = self._stop_requested

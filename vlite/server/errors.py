@@ -1,4 +1,12 @@
-"""OpenAI-shaped errors: one exception type, and the handlers that turn errors into JSON."""
+"""Errors: one exception type, the handlers that turn errors into JSON, and the shape that
+JSON takes.
+
+Every refusal is OpenAI's ``{"error": {...}}``, except on Anthropic's Messages API
+(``/v1/messages`` and anything under it), whose clients read Anthropic's ``{"type":
+"error", "error": {"type", "message"}}``: :func:`error_response` picks the shape from the
+request's path, for the app's handlers, the ASGI guards (:mod:`vlite.server.guards`) and
+the endpoints alike.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +25,7 @@ from vlite.core.errors import InvalidRequestError, VliteError
 from vlite.core.sampling_params import SamplingParamsError
 from vlite.core.structured_output_params import StructuredOutputsError
 from vlite.engine.exceptions import EngineDeadError, EngineGenerateError
+from vlite.server.anthropic_protocol import AnthropicErrorInfo, AnthropicErrorResponse
 from vlite.server.protocol import ErrorInfo, ErrorResponse
 
 logger = logging.getLogger(__name__)
@@ -60,6 +69,54 @@ class OpenAIError(Exception):
 
     def to_json_response(self) -> JSONResponse:
         return JSONResponse(self.to_response().model_dump(), status_code=self.status)
+
+
+#: The path of Anthropic's Messages API: refusals there and under it take Anthropic's shape.
+ANTHROPIC_PATH = "/v1/messages"
+
+#: Anthropic's error ``type`` for each HTTP status it names (others: by class, see
+#: :func:`anthropic_error`). Its overloaded server is ``overloaded_error`` (529 in its API;
+#: vlite's draining or dead server answers 503).
+ANTHROPIC_ERROR_TYPES = {
+    HTTPStatus.BAD_REQUEST: "invalid_request_error",
+    HTTPStatus.UNAUTHORIZED: "authentication_error",
+    HTTPStatus.FORBIDDEN: "permission_error",
+    HTTPStatus.NOT_FOUND: "not_found_error",
+    HTTPStatus.REQUEST_ENTITY_TOO_LARGE: "request_too_large",
+    HTTPStatus.TOO_MANY_REQUESTS: "rate_limit_error",
+    HTTPStatus.SERVICE_UNAVAILABLE: "overloaded_error",
+}
+
+
+def anthropic_error(error: OpenAIError) -> AnthropicErrorResponse:
+    """``error`` in Anthropic's shape (same status and message): a status Anthropic does
+    not name is ``invalid_request_error`` below 500 (408, 431, 405...), ``api_error``
+    from 500."""
+    kind = ANTHROPIC_ERROR_TYPES.get(
+        error.status, "invalid_request_error" if error.status < 500 else "api_error"
+    )
+    return AnthropicErrorResponse(error=AnthropicErrorInfo(type=kind, message=error.message))
+
+
+def speaks_anthropic(path: str) -> bool:
+    """Whether a request to ``path`` comes from Anthropic's clients (:data:`ANTHROPIC_PATH`
+    or a path under it)."""
+    return path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/")
+
+
+def error_response(
+    error: OpenAIError, path: str, headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    """``error`` as the JSON response the client of ``path`` reads: Anthropic's shape on
+    its Messages API (:func:`speaks_anthropic`), OpenAI's everywhere else; same status,
+    and ``headers`` added."""
+    if speaks_anthropic(path):
+        body = anthropic_error(error).model_dump()
+        response = JSONResponse(body, status_code=error.status)
+    else:
+        response = error.to_json_response()
+    response.headers.update(headers or {})
+    return response
 
 
 def shorten(value: object, limit: int = 80) -> str:
@@ -120,26 +177,29 @@ def complaint_error(complaint: Mapping[str, Any]) -> OpenAIError:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Every error leaves the server as OpenAI-shaped JSON."""
+    """Every error leaves the server as JSON in the shape its path's clients read (see
+    :func:`error_response`)."""
 
     @app.exception_handler(OpenAIError)
     async def _openai_error(request: Request, exc: OpenAIError) -> JSONResponse:
-        return exc.to_json_response()
+        return error_response(exc, request.scope["path"])
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return validation_error(exc).to_json_response()
+        return error_response(validation_error(exc), request.scope["path"])
 
     @app.exception_handler(VliteError)
     async def _vlite_error(request: Request, exc: VliteError) -> JSONResponse:
         # vlite's own errors (an invalid request found while preparing it, the engine
         # gone): answered here, not by the catch-all below, which also re-raises.
-        return from_exception(exc).to_json_response()
+        return error_response(from_exception(exc), request.scope["path"])
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        return from_exception(exc).to_json_response()
+        return error_response(from_exception(exc), request.scope["path"])
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return OpenAIError(str(exc.detail), exc.status_code).to_json_response()
+        # Routing's 404 and 405 (the latter with its Allow header).
+        error = OpenAIError(str(exc.detail), exc.status_code)
+        return error_response(error, request.scope["path"], exc.headers)

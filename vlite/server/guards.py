@@ -1,10 +1,11 @@
 """ASGI middleware at the HTTP boundary: checks that run before a request reaches a route.
 
 Each guard is a plain ASGI wrapper (no request object is built for a request it refuses),
-answers in OpenAI's error shape with ``Connection: close`` (the refused request's body,
-if any, is left unread; the protocol's lingering close lets the client read the answer
-whole, see :mod:`vlite.server.lingering_close`), and passes everything else through
-untouched:
+answers in the error shape of the request's path (OpenAI's; Anthropic's on
+``/v1/messages``, see :func:`vlite.server.errors.error_response`) with ``Connection:
+close`` (the refused request's body, if any, is left unread; the protocol's lingering
+close lets the client read the answer whole, see :mod:`vlite.server.lingering_close`),
+and passes everything else through untouched:
 
 - :class:`ApiKeyGuard`: ``Authorization: Bearer <key>`` (OpenAI's clients) or
   ``x-api-key: <key>`` (Anthropic's) on every route but the open ones (401), compared in
@@ -26,7 +27,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from http import HTTPStatus
 from typing import Any
 
-from vlite.server.errors import OpenAIError
+from vlite.server.errors import OpenAIError, error_response
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -39,12 +40,11 @@ OPEN_PATHS = frozenset({"/health"})
 
 
 async def _refuse(error: OpenAIError, scope: Scope, receive: Receive, send: Send, **headers):
-    """Answer ``error`` with ``Connection: close``: a refusal may leave the request's body
-    unread, so the connection ends (lingering until the client has read the answer, see
-    :mod:`vlite.server.lingering_close`) rather than reading that body to be reused."""
-    response = error.to_json_response()
-    response.headers.update(headers)
-    response.headers["Connection"] = "close"
+    """Answer ``error`` (in its path's shape) with ``Connection: close``: a refusal may
+    leave the request's body unread, so the connection ends (lingering until the client
+    has read the answer, see :mod:`vlite.server.lingering_close`) rather than reading that
+    body to be reused."""
+    response = error_response(error, scope["path"], {**headers, "Connection": "close"})
     await response(scope, receive, send)
 
 

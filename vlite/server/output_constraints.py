@@ -171,9 +171,9 @@ def tool_plan(request: ChatCompletionRequest, has_parser: bool = False) -> ToolP
             return ToolPlan("auto", tools=tools_shown)
         raise OpenAIError(
             "tool_choice 'auto' (the default when tools are given) needs a tool-call parser "
-            "to tell a call from text, and this server has none (start it with "
-            "--tool-call-parser NAME); or use tool_choice 'required', name a function, or "
-            "'none'",
+            "to tell a call from text, and this server has none: none was named (start it "
+            "with --tool-call-parser NAME) and none could be chosen from the model's chat "
+            "template; or use tool_choice 'required', name a function, or 'none'",
             param="tool_choice",
         )
     if isinstance(choice, NamedToolChoice):

@@ -35,7 +35,7 @@ from vlite.server.protocol import (
 from vlite.server.reasoning import ReasoningSplit, new_split, reasoning_parser_class
 from vlite.server.serving import UNSUPPORTED_FIELDS, Choice, OpenAIServing
 from vlite.server.settings import ServerSettings
-from vlite.server.tool_calls import ToolCallStream, new_stream, tool_parser_class
+from vlite.server.tool_calls import NO_PARSER, ToolCallStream, new_stream, tool_parser_class
 
 
 class ChatServing(OpenAIServing):
@@ -45,8 +45,9 @@ class ChatServing(OpenAIServing):
     and the reply carries ``message.tool_calls`` (see
     :mod:`vlite.server.output_constraints`); streamed, a named function's arguments arrive
     as they are generated, ``"required"``'s calls once the list is complete. With
-    ``tool_choice="auto"`` the server's tool-call parser (``settings.tool_call_parser``)
-    reads the calls from free text, streamed or not (:mod:`vlite.server.tool_calls`).
+    ``tool_choice="auto"`` the server's tool-call parser (``settings.tool_call_parser``;
+    ``none``: no parser) reads the calls from free text, streamed or not
+    (:mod:`vlite.server.tool_calls`).
 
     With a reasoning parser (``settings.reasoning_parser``) a reply's reasoning is split
     off first (:mod:`vlite.server.reasoning`): it goes out as ``reasoning_content``, and
@@ -66,7 +67,7 @@ class ChatServing(OpenAIServing):
     ) -> None:
         super().__init__(engine, served_model_name, settings)
         name = self.settings.tool_call_parser
-        self.tool_parser_cls = tool_parser_class(name) if name else None
+        self.tool_parser_cls = tool_parser_class(name) if name not in (None, NO_PARSER) else None
         name = self.settings.reasoning_parser
         self.reasoning_parser_cls = reasoning_parser_class(name) if name else None
         #: Whether output constraints start after the reasoning (a reasoning parser, and

@@ -13,18 +13,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from http import HTTPStatus
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from pydantic import ValidationError
 
 from vlite.core.outputs import CompletionOutput, RequestOutput
 from vlite.server.anthropic_events import ContentBlockEvents
 from vlite.server.anthropic_protocol import (
-    AnthropicErrorInfo,
-    AnthropicErrorResponse,
     MessagesRequest,
     MessagesResponse,
     MessagesUsage,
@@ -32,29 +29,17 @@ from vlite.server.anthropic_protocol import (
     ResponseToolUse,
     anthropic_id,
 )
-from vlite.server.errors import OpenAIError, complaint_error, from_exception
+from vlite.server.errors import (
+    ANTHROPIC_PATH,
+    anthropic_error,
+    complaint_error,
+    error_response,
+    from_exception,
+)
 from vlite.server.messages_to_chat import chat_request
 from vlite.server.protocol import ChatCompletionRequest, ToolCall, UsageInfo
 from vlite.server.serving import Choice
 from vlite.server.serving_chat import ChatServing
-
-#: Anthropic's error ``type`` for each HTTP status it names (others: by class, below).
-ERROR_TYPES = {
-    HTTPStatus.BAD_REQUEST: "invalid_request_error",
-    HTTPStatus.UNAUTHORIZED: "authentication_error",
-    HTTPStatus.FORBIDDEN: "permission_error",
-    HTTPStatus.NOT_FOUND: "not_found_error",
-    HTTPStatus.REQUEST_ENTITY_TOO_LARGE: "request_too_large",
-    HTTPStatus.TOO_MANY_REQUESTS: "rate_limit_error",
-}
-
-
-def anthropic_error(error: OpenAIError) -> AnthropicErrorResponse:
-    """vlite's error in Anthropic's shape (same status and message)."""
-    kind = ERROR_TYPES.get(
-        error.status, "invalid_request_error" if error.status < 500 else "api_error"
-    )
-    return AnthropicErrorResponse(error=AnthropicErrorInfo(type=kind, message=error.message))
 
 
 def stop_reason(finish_reason: str | None, stopped_by: int | str | None) -> tuple[str, str | None]:
@@ -84,7 +69,7 @@ class MessagesServing(ChatServing):
             prompt, params = await self.prepare(chat)
             return await self.serve(chat, raw_request, prompt, params)
         except Exception as exc:
-            return error_response(from_exception(exc))
+            return error_response(from_exception(exc), ANTHROPIC_PATH)
 
     def new_request_id(self) -> str:
         return anthropic_id(self.id_prefix)
@@ -178,10 +163,6 @@ def parse_request(body: bytes) -> MessagesRequest:
         deepest = max(exc.errors(), key=lambda complaint: len(complaint["loc"]))
         location = tuple(part for part in deepest["loc"] if "[" not in str(part))
         raise complaint_error({**deepest, "loc": location}) from None
-
-
-def error_response(error: OpenAIError) -> JSONResponse:
-    return JSONResponse(anthropic_error(error).model_dump(), status_code=error.status)
 
 
 def _tool_use(call: ToolCall) -> ResponseToolUse:

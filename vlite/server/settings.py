@@ -81,7 +81,9 @@ class ServerSettings(BaseSettings):
         description="The tool-call parser (a registered tool_parser plugin: built in, "
         "hermes, llama3_json, mistral, pythonic) that reads the model's calls, so that "
         "chat requests with tools and tool_choice 'auto' (the default with tools) get "
-        "message.tool_calls. Without it, 'auto' is a 400.",
+        "message.tool_calls. Default: the one parser whose template markers the model's "
+        "chat template all contains (printed at start), if exactly one does; 'none': no "
+        "parser. Without one, 'auto' is a 400.",
     )
     reasoning_parser: str | None = Field(
         None,

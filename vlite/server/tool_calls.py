@@ -9,11 +9,12 @@ the newlines a model writes around its calls do not become content.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from vlite.core.plugins import PluginRegistry
+from vlite.core.plugins import PluginRegistry, build_plugin_manager
 from vlite.core.tool_parser import (
     ArgumentsDelta,
     ContentDelta,
@@ -30,13 +31,58 @@ from vlite.server.protocol import (
     ToolCall,
 )
 
+if TYPE_CHECKING:
+    from vlite.server.settings import ServerSettings
+
+logger = logging.getLogger(__name__)
+
 #: The ``vlite serve`` flag that names the parser.
 FLAG = "--tool-call-parser"
+#: ``--tool-call-parser none``: no parser, not even one chosen from the chat template.
+NO_PARSER = "none"
 
 
 def tool_parser_class(name: str, registry: PluginRegistry | None = None) -> type[ToolParser]:
     """The tool parser registered as ``name`` (see :func:`plugin_named_by_flag`)."""
     return plugin_named_by_flag("tool_parser", FLAG, name, registry)
+
+
+def parser_from_template(template: Any, registry: PluginRegistry | None = None) -> str | None:
+    """The name of the registered tool parser whose format ``template`` (a chat template:
+    a string, or a tokenizer's named templates as a mapping, all of them read) writes:
+    the one parser all of whose :attr:`~vlite.core.tool_parser.ToolParser.template_markers`
+    it contains. ``None`` when no parser has them all, or several do (ambiguous), or there
+    is no template; a parser without markers is never chosen.
+    """
+    if isinstance(template, Mapping):
+        template = "\n".join(str(text) for text in template.values())
+    if not isinstance(template, str) or not template:
+        return None
+    registry = registry or PluginRegistry(build_plugin_manager())
+    matches = []
+    for name in registry.names("tool_parser"):
+        markers = registry.get("tool_parser", name).template_markers
+        if markers and all(marker in template for marker in markers):
+            matches.append(name)
+    return matches[0] if len(matches) == 1 else None
+
+
+def with_template_tool_parser(settings: ServerSettings, tokenizer: Any) -> ServerSettings:
+    """``settings`` with the tool-call parser chosen from ``tokenizer``'s chat template
+    (:func:`parser_from_template`), logged, when none was named; as they are when one was
+    (``none`` included) or none can be chosen."""
+    if settings.tool_call_parser is not None:
+        return settings
+    name = parser_from_template(getattr(tokenizer, "chat_template", None))
+    if name is None:
+        return settings
+    logger.info(chosen_message(name))
+    return settings.model_copy(update={"tool_call_parser": name})
+
+
+def chosen_message(name: str) -> str:
+    """The line that says a parser was chosen from the chat template."""
+    return f"tool-call parser {name!r} chosen from the chat template; {FLAG} overrides"
 
 
 @dataclass

@@ -24,6 +24,8 @@ class HermesToolParser(ToolParser):
     not read (bad JSON, an unknown function, no closing tag by the end) is content, tags
     and all."""
 
+    # Qwen2.5/Qwen3's, Hermes 2 Pro/3's and SmolLM3's templates show calls this way.
+    template_markers: ClassVar[tuple[str, ...]] = (OPEN, CLOSE)
     examples: ClassVar[tuple[ToolParserExample, ...]] = (
         ToolParserExample(
             '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',

@@ -19,6 +19,11 @@ class Llama3JsonToolParser(WholeOutputToolParser):
     text after the last object) is content."""
 
     openers = ("{", PYTHON_TAG)
+    # Llama 3.1/3.2/3.3's templates ask for calls with this sentence (``<|python_tag|>`` is
+    # also in them, but it is the built-in tools' marker, not this JSON format's).
+    template_markers: ClassVar[tuple[str, ...]] = (
+        "Given the following functions, please respond with a JSON for a function call",
+    )
     examples: ClassVar[tuple[ToolParserExample, ...]] = (
         ToolParserExample(
             '{"name": "get_weather", "parameters": {"city": "Paris"}}',

@@ -23,6 +23,7 @@ class MistralToolParser(ToolParser):
     read (bad JSON, text after the list, an unknown function), it is content, marker and
     all."""
 
+    template_markers: ClassVar[tuple[str, ...]] = (MARKER,)
     examples: ClassVar[tuple[ToolParserExample, ...]] = (
         ToolParserExample(
             '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]',

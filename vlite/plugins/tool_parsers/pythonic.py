@@ -18,6 +18,8 @@ class PythonicToolParser(WholeOutputToolParser):
     a positional argument or a value that is no literal, text after the list) is content."""
 
     openers = ("[",)
+    # No template_markers: no wording in the templates that ask for this format is its own
+    # for sure; it is chosen only by name (--tool-call-parser pythonic).
     examples: ClassVar[tuple[ToolParserExample, ...]] = (
         ToolParserExample(
             '[get_weather(city="Paris", days=2)]',
