@@ -45,8 +45,9 @@ def test_the_product_uses_exactly_the_dequantized_values(qtype):
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
-# 1-9 rows: the decode tiles; 33 and 70: GEMM strips of 32 plus rows left to the tiles.
-@pytest.mark.parametrize("num_rows", [1, 2, 3, 5, 9, 33, 70])
+# 1-9 rows: the decode tiles (up to 8 in one pass); 33 and 70: GEMM strips of 32 plus rows
+# left to the tiles.
+@pytest.mark.parametrize("num_rows", [1, 2, 3, 5, 6, 7, 8, 9, 33, 70])
 def test_products_match_float64(qtype, num_rows):
     tensor, reference = quantized(qtype, 37, 160, seed=num_rows)
     x = torch.randn(num_rows, 160, generator=torch.Generator().manual_seed(1))

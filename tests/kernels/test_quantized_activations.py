@@ -105,13 +105,13 @@ def test_products_are_the_files_weights_times_rounded_activations(
 
 
 @pytest.mark.parametrize("qtype", QUANTIZED_TYPES)
-@pytest.mark.parametrize("activations", ["int8", "int16"])
+@pytest.mark.parametrize("activations", ["int8", "int16", "float32"])
 def test_a_row_gives_the_same_bits_alone_or_in_any_batch(kernels, qtype, activations):
     blocks, _, _, cols = matrix(qtype, 37, 2, seed=14)
     x = torch.randn(native.GEMM_ROWS - 1, cols, generator=torch.Generator().manual_seed(15))
     product = kernels.product(qtype, blocks, 37, cols, activations)
     alone = torch.cat([product(x[i : i + 1]) for i in range(len(x))])
-    for rows in (2, 3, 5, len(x)):
+    for rows in (2, 3, 5, 7, 8, len(x)):
         assert torch.equal(product(x[:rows]), alone[:rows]), rows
 
 

@@ -879,8 +879,10 @@ static inline __attribute__((always_inline)) void tile(int qtype, const int MR, 
 #define TILE(MR, NR) tile(qtype, MR, NR, x + m * K, K, w + n * row_bytes, row_bytes, bb, \
                           y + m * N + n, N)
 
-static void rows_range(int qtype, const float *x, int64_t M, int64_t K, const uint8_t *w,
-                       int64_t N, int64_t n0, int64_t n1, float *y) {
+/* Any number of rows of x: tiles of four, two and one rows (each pass over W decodes its
+ * blocks again; the blocks are in the cache by then). */
+static void rows_in_tiles(int qtype, const float *x, int64_t M, int64_t K, const uint8_t *w,
+                          int64_t N, int64_t n0, int64_t n1, float *y) {
     const int64_t bb = vl_block_bytes(qtype), row_bytes = (K / QK) * bb;
     int64_t m = 0;
     for (; m + 4 <= M; m += 4) {
@@ -899,6 +901,34 @@ static void rows_range(int qtype, const float *x, int64_t M, int64_t K, const ui
         for (; n + 4 <= n1; n += 4) TILE(1, 4);
         for (; n < n1; n++) TILE(1, 1);
     }
+}
+
+/* Rows n0..n1 of W times all M (<= 8) rows of x in one pass: every weight block is decoded
+ * once for all of them. NR rows of W per tile keep MR * NR accumulators, NR decoded blocks
+ * and the x vectors within the 32 vector registers. */
+#define ONE_PASS(MR, NR)                                   \
+    do {                                                   \
+        int64_t n = n0;                                    \
+        for (; n + NR <= n1; n += NR) TILE(MR, NR);        \
+        for (; n < n1; n++) TILE(MR, 1);                   \
+    } while (0)
+
+static void rows_range(int qtype, const float *x, int64_t M, int64_t K, const uint8_t *w,
+                       int64_t N, int64_t n0, int64_t n1, float *y) {
+    const int64_t bb = vl_block_bytes(qtype), row_bytes = (K / QK) * bb;
+    const int64_t m = 0;
+    switch (M) {
+    case 1: ONE_PASS(1, 4); return;
+    case 2: ONE_PASS(2, 4); return;
+    case 3: ONE_PASS(3, 4); return;
+    case 4: ONE_PASS(4, 4); return;
+    case 5: ONE_PASS(5, 3); return;
+    case 6: ONE_PASS(6, 3); return;
+    case 7: ONE_PASS(7, 2); return;
+    case 8: ONE_PASS(8, 2); return;
+    default: break;
+    }
+    rows_in_tiles(qtype, x, M, K, w, N, n0, n1, y);
 }
 
 #endif
