@@ -105,7 +105,7 @@ def instrument(llm: LLM, timer: StageTimer) -> None:
     core.scheduler.update_from_output = timer.wrap("update", core.scheduler.update_from_output)
     runner.update_states = timer.wrap("prepare", runner.update_states)
     model_runner_module.prepare_inputs = timer.wrap("prepare", model_runner_module.prepare_inputs)
-    runner._forward = timer.wrap("forward", runner._forward)
+    runner.forward = timer.wrap("forward", runner.forward)
     runner.model.compute_logits = timer.wrap("forward", runner.model.compute_logits)
     runner.sample_tokens_deferred = timer.wrap("sample", runner.sample_tokens_deferred)
     SampledTokens.result = timer.wrap("wait", SampledTokens.result)
