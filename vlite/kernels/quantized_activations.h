@@ -110,10 +110,32 @@ static void quantize_row_int8(const float *x, int64_t K, int8_t *q, float *d, fl
     }
 }
 
-/* One row of x to int16 (v16, d = max / 32258 per block); with even_odd each block's 16
- * even values first, then its 16 odd ones (the 256-value types' order). */
-static void quantize_row_int16(const float *x, int64_t K, int16_t *v16, int even_odd, float *d,
+/* The order of a row's int16 values: as they come, each 32 values' 16 even then 16 odd
+ * values (the 256-value types'), or in the wide kernel's pairs (k16_wide). */
+enum { INT16_IN_ORDER = 0, INT16_EVEN_ODD = 1, INT16_PAIRS = 2 };
+
+/* The first chunk of each pair (c, c + 2) the wide kernel multiplies at once, in order. */
+static const int PAIR_FIRST[4] = {0, 1, 4, 5};
+
+/* A 256-value block's int16 values from EVEN_ODD to PAIRS order: per pair p, the even
+ * values of chunks c and c + 2 (c = PAIR_FIRST[p]), then their odd values. */
+static void int16_pairs(int16_t *block) {
+    int16_t even_odd[256];
+    memcpy(even_odd, block, sizeof even_odd);
+    for (int p = 0; p < 4; p++) {
+        const int c = PAIR_FIRST[p];
+        int16_t *out = block + 64 * p;
+        memcpy(out, even_odd + 32 * c, 32);             /* even of c */
+        memcpy(out + 16, even_odd + 32 * (c + 2), 32);  /* even of c + 2 */
+        memcpy(out + 32, even_odd + 32 * c + 16, 32);   /* odd of c */
+        memcpy(out + 48, even_odd + 32 * (c + 2) + 16, 32);
+    }
+}
+
+/* One row of x to int16 (v16, d = max / 32258 per block), in `order` (INT16_*). */
+static void quantize_row_int16(const float *x, int64_t K, int16_t *v16, int order, float *d,
                                float *s, float *s32) {
+    const int even_odd = order != INT16_IN_ORDER;
     for (int64_t blk = 0; blk < K / 32; blk++) {
         __m256i lanes[4];
         round_block(x, blk, 32258.0f, lanes, d, s, s32);
@@ -130,6 +152,7 @@ static void quantize_row_int16(const float *x, int64_t K, int16_t *v16, int even
                 out[16 + l] = values[2 * l + 1];
             }
         }
+        if (order == INT16_PAIRS && blk % 8 == 7) int16_pairs(v16 + 32 * (blk - 7));
     }
 }
 
@@ -302,6 +325,16 @@ static inline __attribute__((always_inline)) void int8_decode(int qtype, const u
 static inline __m256i int8_pairs(__m256i w, __m256i x, int is_signed) {
     return is_signed ? _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
                      : _mm256_maddubs_epi16(w, x);
+}
+
+/* acc + sum(a * b) per pair of 16-bit lanes: VNNI's one instruction where the CPU has it
+ * (the same int32 results: no saturation either way). */
+static inline __m256i madd_add(__m256i acc, __m256i a, __m256i b) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpwssd_epi32(acc, a, b);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
 }
 
 /* Bytes of W the 256-value kernels prefetch ahead of the rows they read. */
@@ -485,8 +518,7 @@ static inline __attribute__((always_inline)) void int16_tile(int qtype, const in
             const __m256i xa = _mm256_loadu_si256((const __m256i *)(x[i].v16 + 32 * blk));
             const __m256i xb = _mm256_loadu_si256((const __m256i *)(x[i].v16 + 32 * blk + 16));
             for (int r = 0; r < NR; r++) {
-                const __m256i sums = _mm256_add_epi32(_mm256_madd_epi16(lo[r], xa),
-                                                      _mm256_madd_epi16(hi[r], xb));
+                const __m256i sums = madd_add(_mm256_madd_epi16(lo[r], xa), hi[r], xb);
                 acc[i][r] = _mm256_fmadd_ps(_mm256_set1_ps(a[r] * x[i].d[blk]),
                                             _mm256_cvtepi32_ps(sums), acc[i][r]);
                 if (has_offset) offset[i][r] += b[r] * x[i].s32[blk];
@@ -650,9 +682,9 @@ static inline __attribute__((always_inline)) void k16_sums(int qtype, const __m2
                                                            const int16_t *xv, __m256i sums[2]) {
     __m256i t[8];
     for (int c = 0; c < 8; c++)
-        t[c] = _mm256_add_epi32(
+        t[c] = madd_add(
             _mm256_madd_epi16(wv[2 * c], _mm256_loadu_si256((const __m256i *)(xv + 32 * c))),
-            _mm256_madd_epi16(wv[2 * c + 1], _mm256_loadu_si256((const __m256i *)(xv + 32 * c + 16))));
+            wv[2 * c + 1], _mm256_loadu_si256((const __m256i *)(xv + 32 * c + 16)));
     for (int half = 0; half < 2; half++)
         sums[half] = _mm256_hadd_epi32(_mm256_hadd_epi32(t[4 * half], t[4 * half + 1]),
                                        _mm256_hadd_epi32(t[4 * half + 2], t[4 * half + 3]));
@@ -728,6 +760,162 @@ static inline __attribute__((always_inline)) void k16_rows(int qtype, const int8
     TILED_ROWS(K16_TILE)
 }
 
+/* ---- int16 activations on 256-value blocks, 512-bit (AVX-512 VNNI) ----------------------
+ *
+ * Where the CPU has AVX-512 VNNI, Q4_K and Q6_K multiply two chunks at once: chunks c and
+ * c + 2 (c in PAIR_FIRST) side by side in 32 16-bit lanes (even values, then a second
+ * vector of odd ones: for Q4_K straight from 64 bytes of nibbles), one vpdpwssd each, so a
+ * pair's product is 16 int32 lanes, lane k (mod 8) holding values 4 k .. 4 k + 3 of its
+ * chunk. The lanes are converted to float and multiplied by their group's scale a * d (a
+ * per 16 values: lanes 0..3 and 4..7 of each chunk), so no integer reduction is needed;
+ * Q4_K's offsets multiply the sums of x per 32 values. About half the instructions of
+ * k16_tile per block; the activations are the same int16 values (stored in INT16_PAIRS
+ * order), and each row still sums in one order whatever the batch. */
+
+#if defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define K16_WIDE 1
+
+static inline int k16_wide(int qtype) { return qtype == VL_Q4_K || qtype == VL_Q6_K; }
+
+/* Block b's values: w[2 p] the even values of pair p's chunks (c, c + 2), w[2 p + 1] their
+ * odd values. */
+static inline __attribute__((always_inline)) void k16_wide_values(int qtype, const uint8_t *b,
+                                                                  __m512i w[8]) {
+    if (qtype == VL_Q4_K) { /* 64 bytes: qs of j = 2 h (chunks 4 h, 4 h + 1) and 2 h + 1 */
+        const __m512i low4 = _mm512_set1_epi16(15);
+        for (int h = 0; h < 2; h++) {
+            const __m512i v = _mm512_loadu_si512((const void *)(b + 16 + 64 * h));
+            w[4 * h] = _mm512_and_si512(v, low4);
+            w[4 * h + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 8), low4);
+            w[4 * h + 2] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+            w[4 * h + 3] = _mm512_srli_epi16(v, 12);
+        }
+        return;
+    }
+    /* Q6_K (see k_chunk_bytes): chunks c and c + 2 (h = c / 4, s = c % 4 < 2) read the
+     * same 32 bytes of ql (low and high nibbles) and of qh (bits 2 s and 2 s + 4): each
+     * vector is loaded once into both halves and shifted by a lane's own count. */
+    const __m512i low4 = _mm512_set1_epi8(15), two_bits = _mm512_set1_epi8(3);
+    for (int p = 0; p < 4; p++) {
+        const int c = PAIR_FIRST[p], h = c / 4, s = c % 4;
+        const __m256i ql = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32 * s));
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+        const __m512i low_shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+        const __m512i high_shift = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * s)),
+                                                      _mm256_set1_epi16((short)(2 * s + 4)), 1);
+        const __m512i low = _mm512_and_si512(
+            _mm512_srlv_epi16(_mm512_inserti64x4(_mm512_castsi256_si512(ql), ql, 1), low_shift), low4);
+        const __m512i top = _mm512_and_si512(
+            _mm512_srlv_epi16(_mm512_inserti64x4(_mm512_castsi256_si512(qh), qh, 1), high_shift),
+            two_bits);
+        const __m512i v = _mm512_sub_epi8(_mm512_or_si512(low, _mm512_slli_epi16(top, 4)),
+                                          _mm512_set1_epi8(32));
+        w[2 * p] = _mm512_srai_epi16(_mm512_slli_epi16(v, 8), 8);
+        w[2 * p + 1] = _mm512_srai_epi16(v, 8);
+    }
+}
+
+/* Block b's scale per 16 values (16 floats, natural order) and, for Q4_K, its offsets per
+ * 32 (-dmin * m, 8 floats). */
+static inline __attribute__((always_inline)) void k16_wide_scales(int qtype, const uint8_t *b,
+                                                                  __m512 *a16, __m256 *o) {
+    if (qtype == VL_Q6_K) {
+        const __m128i sc = _mm_loadu_si128((const __m128i *)(b + 192));
+        *a16 = _mm512_mul_ps(_mm512_set1_ps(fp16_to_fp32(b + 208)),
+                             _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)));
+        return;
+    }
+    __m256 a[2], offsets[2];
+    k16_scales(qtype, b, a, offsets); /* Q4_K: per chunk, natural order, in a[0] and o[0] */
+    const __m512i twice = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    *a16 = _mm512_permutexvar_ps(twice, _mm512_castps256_ps512(a[0]));
+    *o = offsets[0];
+}
+
+/* MR rows of x by NR rows of W of a wide type (see above); y[i * ldy + r]. */
+static inline __attribute__((always_inline)) void k16_wide_tile(int qtype, const int MR,
+                                                                const int NR, const int8_row *x,
+                                                                int64_t K, const uint8_t *w,
+                                                                int64_t row_bytes, float *y,
+                                                                int64_t ldy) {
+    const int bytes = TYPES[qtype].bytes, has_offset = qtype == VL_Q4_K;
+    const int64_t ahead_tiles = 1 + K16_AHEAD / (NR * row_bytes);
+    const __m512i twice = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    /* lanes of pair p: groups 2 c, 2 c + 1 (chunk c), 2 c + 4, 2 c + 5 (chunk c + 2), 4 each */
+    __m512i lanes[4];
+    for (int p = 0; p < 4; p++) {
+        const int g = 2 * PAIR_FIRST[p];
+        lanes[p] = _mm512_setr_epi32(g, g, g, g, g + 1, g + 1, g + 1, g + 1, g + 4, g + 4, g + 4,
+                                     g + 4, g + 5, g + 5, g + 5, g + 5);
+    }
+    __m512 acc[INT8_MAX_ROWS][4];
+    __m256 off[INT8_MAX_ROWS][4];
+    for (int i = 0; i < MR; i++)
+        for (int r = 0; r < NR; r++) {
+            acc[i][r] = _mm512_setzero_ps();
+            off[i][r] = _mm256_setzero_ps();
+        }
+    for (int64_t blk = 0; blk < K / 256; blk++) {
+        const char *ahead = (const char *)w + ahead_tiles * NR * row_bytes + blk * NR * bytes;
+        for (int line = 0; line < NR * bytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+        for (int r = 0; r < NR; r++) {
+            const uint8_t *block = w + r * row_bytes + blk * bytes;
+            __m512 a16;
+            __m256 o = _mm256_setzero_ps();
+            __m512i wv[8];
+            k16_wide_scales(qtype, block, &a16, &o);
+            k16_wide_values(qtype, block, wv);
+            for (int i = 0; i < MR; i++) {
+                const int16_t *xv = x[i].v16 + blk * 256;
+                const __m256 dx = _mm256_loadu_ps(x[i].d + 8 * blk);
+                const __m512 scale = _mm512_mul_ps(
+                    a16, _mm512_permutexvar_ps(twice, _mm512_castps256_ps512(dx)));
+                for (int p = 0; p < 4; p++) {
+                    __m512i sums = _mm512_dpwssd_epi32(
+                        _mm512_setzero_si512(), wv[2 * p], _mm512_loadu_si512((const void *)(xv + 64 * p)));
+                    sums = _mm512_dpwssd_epi32(sums, wv[2 * p + 1],
+                                               _mm512_loadu_si512((const void *)(xv + 64 * p + 32)));
+                    acc[i][r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(lanes[p], scale),
+                                                _mm512_cvtepi32_ps(sums), acc[i][r]);
+                }
+                if (has_offset)
+                    off[i][r] = _mm256_fmadd_ps(o, _mm256_loadu_ps(x[i].s32 + 8 * blk), off[i][r]);
+            }
+        }
+    }
+    for (int i = 0; i < MR; i++)
+        for (int r = 0; r < NR; r++)
+            y[i * ldy + r] = _mm512_reduce_add_ps(acc[i][r]) + (has_offset ? int8_hsum(off[i][r]) : 0.0f);
+}
+
+#define K16_WIDE_TILE(MR, NR) \
+    k16_wide_tile(qtype, MR, NR, x + m, K, w + n * row_bytes, row_bytes, y + m * N + n, N)
+
+static inline __attribute__((always_inline)) void k16_wide_rows(int qtype, const int8_row *x,
+                                                                int64_t M, int64_t K,
+                                                                const uint8_t *w, int64_t N,
+                                                                int64_t n0, int64_t n1, float *y) {
+    const int64_t row_bytes = K / 256 * TYPES[qtype].bytes;
+    if (M == 1) {
+        for (int64_t n = n0; n < n1; n++)
+            k16_wide_tile(qtype, 1, 1, x, K, w + n * row_bytes, row_bytes, y + n, N);
+        return;
+    }
+    TILED_ROWS(K16_WIDE_TILE)
+}
+#else
+static inline int k16_wide(int qtype) {
+    (void)qtype;
+    return 0;
+}
+#endif
+
+/* The order quantize_row_int16 stores a row in for `qtype`'s int16 kernel. */
+static inline int int16_order(int qtype) {
+    if (TYPES[qtype].values != 256) return INT16_IN_ORDER;
+    return k16_wide(qtype) ? INT16_PAIRS : INT16_EVEN_ODD;
+}
+
 /* ---- one function per type and precision ---------------------------------------------- */
 
 typedef void (*int8_rows_fn)(const int8_row *, int64_t, int64_t, const uint8_t *, int64_t,
@@ -766,9 +954,15 @@ INT16_ROWS(iq4_nl, VL_IQ4_NL)
 K16_ROWS(iq4_xs, VL_IQ4_XS)
 K16_ROWS(q2_k, VL_Q2_K)
 K16_ROWS(q3_k, VL_Q3_K)
+#if defined(K16_WIDE)
+#define K16_WIDE_ROWS(name, code) TYPED_ROWS(name##_int16_rows, k16_wide_rows, int8_row, code)
+K16_WIDE_ROWS(q4_k, VL_Q4_K)
+K16_WIDE_ROWS(q6_k, VL_Q6_K)
+#else
 K16_ROWS(q4_k, VL_Q4_K)
-K16_ROWS(q5_k, VL_Q5_K)
 K16_ROWS(q6_k, VL_Q6_K)
+#endif
+K16_ROWS(q5_k, VL_Q5_K)
 
 /* int16 activations: every type's values widened to 16 bits (madd). */
 static const int8_rows_fn INT16_ROWS_OF[VL_NUM_TYPES] = {
@@ -814,8 +1008,7 @@ int vl_matmul_quantized(int qtype, int bits, const float *x, int64_t M, int64_t 
         float *d = scales + m * per_row, *s = d + K / 32, *s32 = s + K / 16;
         if (bits == 16) {
             rows[m] = (int8_row){NULL, (int16_t *)q + m * K, d, s, s32};
-            quantize_row_int16(x + m * K, K, (int16_t *)q + m * K, TYPES[qtype].values == 256, d, s,
-                               s32);
+            quantize_row_int16(x + m * K, K, (int16_t *)q + m * K, int16_order(qtype), d, s, s32);
         } else {
             rows[m] = (int8_row){q + m * K, NULL, d, s, s32};
             quantize_row_int8(x + m * K, K, q + m * K, d, s, s32);
