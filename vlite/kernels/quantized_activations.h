@@ -1,6 +1,7 @@
 /*
- * Products of GGUF block-quantized weights with activations quantized to integers (AVX2), as
- * llama.cpp multiplies on the CPU: integer dot products of 32 values in a few instructions,
+ * Products of GGUF block-quantized weights with activations quantized to integers (AVX2; with
+ * AVX-512 VNNI, Q4_K and Q6_K two chunks per 512-bit instruction), as llama.cpp multiplies
+ * on the CPU: integer dot products of 32 values in a few instructions,
  * where the float path converts and multiplies every value. Included by gguf_blocks.c
  * (it uses that file's TYPES, fp16_to_fp32, split_nibbles, fifth_bits, k_scale_min,
  * q3_k_scale).
