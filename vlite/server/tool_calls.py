@@ -61,7 +61,7 @@ def parser_from_template(template: Any, registry: PluginRegistry | None = None) 
     registry = registry or PluginRegistry(build_plugin_manager())
     matches = []
     for name in registry.names("tool_parser"):
-        markers = registry.get("tool_parser", name).template_markers
+        markers = getattr(registry.get("tool_parser", name), "template_markers", ())
         if markers and all(marker in template for marker in markers):
             matches.append(name)
     return matches[0] if len(matches) == 1 else None
