@@ -108,7 +108,10 @@ def test_products_are_the_files_weights_times_rounded_activations(
 @pytest.mark.parametrize("activations", ["int8", "int16", "float32"])
 def test_a_row_gives_the_same_bits_alone_or_in_any_batch(kernels, qtype, activations):
     blocks, _, _, cols = matrix(qtype, 37, 2, seed=14)
-    x = torch.randn(native.GEMM_ROWS - 1, cols, generator=torch.Generator().manual_seed(15))
+    # below the panels: the GEMM's rows (float32), or the quantized tiles' own row count
+    quantized = activations != "float32"
+    num_rows = (kernels.quantized_rows(qtype) if quantized else native.GEMM_ROWS) - 1
+    x = torch.randn(num_rows, cols, generator=torch.Generator().manual_seed(15))
     product = kernels.product(qtype, blocks, 37, cols, activations)
     alone = torch.cat([product(x[i : i + 1]) for i in range(len(x))])
     for rows in (2, 3, 5, 7, 8, len(x)):
@@ -132,7 +135,19 @@ def test_zero_rows_and_float_types_keep_the_float_path(kernels):
 @pytest.mark.parametrize("qtype", ["Q6_K", "Q4_0"])
 def test_many_rows_keep_float32_activations(kernels, qtype):
     blocks, _, _, cols = matrix(qtype, 9, 1, seed=3)
-    x = torch.randn(native.GEMM_ROWS, cols, generator=torch.Generator().manual_seed(4))
+    num_rows = kernels.quantized_rows(qtype)
+    x = torch.randn(num_rows, cols, generator=torch.Generator().manual_seed(4))
     quantized = kernels.product(qtype, blocks, 9, cols, activations="int16")(x)
     assert torch.equal(quantized, kernels.product(qtype, blocks, 9, cols)(x))
     assert not torch.equal(quantized[:1], kernels.product(qtype, blocks, 9, cols, "int16")(x[:1]))
+
+
+def test_the_256_value_types_keep_quantized_activations_up_to_their_own_row_count(kernels):
+    assert kernels.quantized_rows("Q4_K") > native.GEMM_ROWS == kernels.quantized_rows("Q5_0")
+    blocks, weights, offsets, cols = matrix("Q4_K", 9, 1, seed=5, activations="int16")
+    x = torch.randn(native.GEMM_ROWS + 8, cols, generator=torch.Generator().manual_seed(6))
+    x[:, 5] = 9.0  # an outlier: its block's other values round coarsely
+    product = kernels.product("Q4_K", blocks, 9, cols, "int16")
+    # the rows' bits are those of the same rows alone: the quantized path, not the panels
+    assert torch.equal(product(x), torch.cat([product(x[i : i + 1]) for i in range(len(x))]))
+    assert_exact_up_to_float32_sums(product(x), x, weights, offsets, "int16")

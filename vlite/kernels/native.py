@@ -79,6 +79,11 @@ BLOCK_LAYOUTS: dict[str, BlockLayout] = {
 #: Rows of x from which a product of a type without a GEMM of its own (``vl_has_gemm``)
 #: decodes the weight in panels and multiplies densely.
 GEMM_ROWS = 32
+#: Rows of x below which a 256-value type (the K-quants, IQ4_XS) with quantized activations
+#: keeps its integer tiles rather than the panels: they stay faster up to about here (int16,
+#: 4096 x 2048, AVX-512 EPYC, 2 threads: 2-2.8x the panels at 64 rows, 1.4-1.8x at 128,
+#: about even at 256; the 32-value types are even at 64 rows).
+QUANTIZED_ROWS_256 = 128
 
 #: ``GGUFBlockKernels.product``'s ``activations``: the bits they are quantized to (0: kept
 #: float32).
@@ -184,6 +189,12 @@ class GGUFBlockKernels:
         multiplies them densely (PyTorch's GEMM), which is faster there."""
         return bool(self._lib.vl_has_gemm(BLOCK_TYPES[qtype]))
 
+    def quantized_rows(self, qtype: str) -> int:
+        """Products of fewer rows of ``qtype`` than this take quantized activations (when
+        asked for and :meth:`has_quantized_activations`): :data:`QUANTIZED_ROWS_256` for
+        the 256-value types, :data:`GEMM_ROWS` for the others."""
+        return QUANTIZED_ROWS_256 if BLOCK_LAYOUTS[qtype].values == 256 else GEMM_ROWS
+
     def has_quantized_activations(self, qtype: str) -> bool:
         """Whether :meth:`product` can multiply ``qtype`` by integer-quantized activations
         (AVX2 builds: every quantized type; not F16/BF16)."""
@@ -213,7 +224,7 @@ class GGUFBlockKernels:
 
         The function holds ``blocks`` and checks each ``x``: float32 CPU ``[M, K]``. With
         ``activations`` ``"int8"`` or ``"int16"`` (and :meth:`has_quantized_activations`),
-        products of fewer than :data:`GEMM_ROWS` rows quantize each row of ``x`` per 32
+        products of fewer than :meth:`quantized_rows` rows quantize each row of ``x`` per 32
         values to int8 (llama.cpp's precision) or int16 (about 15 bits) and use integer dot
         products (``quantized_activations.h``); ``"float32"``: float32 activations. The
         file's weight values either way.
@@ -223,11 +234,13 @@ class GGUFBlockKernels:
             raise ValueError(f"activations={activations!r}; allowed: {', '.join(ACTIVATION_BITS)}")
         code = BLOCK_TYPES[qtype]
         exact = functools.partial(_call, self._lib.vl_matmul, code)
-        quantized = exact
+        quantized, quantized_rows = exact, 0
         if ACTIVATION_BITS[activations] and self.has_quantized_activations(qtype):
             bits = ACTIVATION_BITS[activations]
             quantized = functools.partial(_call, self._lib.vl_matmul_quantized, code, bits)
+            quantized_rows = self.quantized_rows(qtype)
         many_rows = None if self.has_gemm(qtype) else self._panel_product(qtype, blocks)
+        panel_rows = max(GEMM_ROWS, quantized_rows)
 
         def product(x: torch.Tensor) -> torch.Tensor:
             if (
@@ -241,10 +254,11 @@ class GGUFBlockKernels:
                     f"{x.dtype} {list(x.shape)}"
                 )
             x = x.contiguous()
-            if many_rows is not None and x.shape[0] >= GEMM_ROWS:
+            num_rows = x.shape[0]
+            if many_rows is not None and num_rows >= panel_rows:
                 return many_rows(x)
-            out = torch.empty(x.shape[0], out_features, dtype=torch.float32)
-            call = quantized if x.shape[0] < GEMM_ROWS else exact
+            out = torch.empty(num_rows, out_features, dtype=torch.float32)
+            call = quantized if num_rows < quantized_rows else exact
             failed = call(x.data_ptr(), x.shape[0], in_features, blocks.data_ptr(),
                           out_features, out.data_ptr(), THREADS)  # fmt: skip
             if failed:

@@ -142,8 +142,9 @@ class GGUFBlockFormat(WeightFormat):
         """Take ``config.quantized_activations`` (see :data:`ACTIVATIONS`)."""
         self.activations = ACTIVATIONS[config.quantized_activations]
 
-    #: Type -> ``"int8"`` or ``"int16"``: the integers its products of fewer than 32 rows
-    #: (decode steps) quantize the activations to, with integer dot products; absent:
+    #: Type -> ``"int8"`` or ``"int16"``: the integers its products of few rows (decode
+    #: steps and short prefills: fewer than ``GGUFBlockKernels.quantized_rows``) quantize
+    #: the activations to, with integer dot products; absent:
     #: float32 activations, the exact path. Set from the engine's ``quantized_activations``
     #: by :meth:`configure`.
     activations: dict[str, str] = {}  # replaced by configure, never mutated
