@@ -150,7 +150,7 @@ class StructuredOutputManager:
     def start(self, params: StructuredOutputsParams) -> StructuredOutputRequest:
         """Begin (or reuse) the compilation of ``params``'s grammar."""
         name = self.backend_name(params)
-        key = (name, *params.key)
+        key = (name, *params.key, params.after_reasoning)
         future = self._cache.get(key)
         if future is None:
             future = self._compile_pool().submit(self._compile, name, params)

@@ -126,10 +126,10 @@ class StructuredOutputsParams:
         return getattr(self, kind)
 
     @property
-    def key(self) -> tuple[str, str, ReasoningMarkers | None]:
-        """``(kind, spec, after_reasoning)``: equal for equal constraints (what compiled
-        grammars are cached by)."""
-        return self.kind, self.spec, self.after_reasoning
+    def key(self) -> tuple[str, str]:
+        """``(kind, spec)``: equal for equal constraints (what compiled grammars are cached
+        by, with the backend and ``after_reasoning``)."""
+        return self.kind, self.spec
 
 
 def _short(value: Any, limit: int = 80) -> str:

@@ -42,7 +42,7 @@ class StructuredOutputValidator:
     ) -> None:
         self.default_backend = default_backend
         self._registry = registry
-        self._validated: OrderedDict[tuple, None] = OrderedDict()
+        self._validated: OrderedDict[tuple[str, str, str], None] = OrderedDict()
 
     def _backend_cls(self, name: str) -> type:
         if not isinstance(self._registry, PluginRegistry):

@@ -243,14 +243,16 @@ class ChatServing(OpenAIServing):
         yield self._chunk(request_id, index, DeltaMessage(), reason)
 
     def _chat_choice(self, choice: Choice, plan: ToolPlan, num_top: int | None) -> ChatChoice:
-        """A whole reply: its reasoning split off, then, with ``tool_choice="auto"``, the
-        answer's calls read, through the same parser paths as a stream. Content is
-        ``None`` (vLLM's) when the reply is reasoning only, or calls only."""
+        """A whole reply: its reasoning split off, then the answer's calls read (a forced
+        call's constrained answer, or ``tool_choice="auto"``'s parser, through the same
+        paths as a stream). Content is ``None`` (vLLM's) when the reply is reasoning only,
+        or calls only."""
         reasoning, answer = self._new_split(plan).whole(choice.text)
-        if plan.calls_tools:
-            return _chat_choice(choice, answer, reasoning, plan, num_top)
         content, calls = answer, None
-        if plan.parses_calls:
+        if plan.calls_tools:  # a forced call: the answer's calls, or it as content
+            calls = plan.tool_calls(answer)
+            content = None if calls is not None else answer
+        elif plan.parses_calls:
             reply = new_stream(self.tool_parser_cls, plan.tools or []).whole(answer)
             content, calls = reply.content, reply.tool_calls
         message = ChatResponseMessage(
@@ -288,26 +290,6 @@ class ChatServing(OpenAIServing):
         # OpenAI sends only the delta's present keys, but null finish_reason and logprobs.
         payload["choices"][0]["delta"] = delta.model_dump(exclude_none=True)
         return payload
-
-
-def _chat_choice(
-    choice: Choice, answer: str, reasoning: str, plan: ToolPlan, num_top: int | None
-) -> ChatChoice:
-    """A whole reply whose answer a forced call constrained: the calls parsed from the
-    answer, or the answer as content if it does not parse."""
-    calls = plan.tool_calls(answer)
-    message = ChatResponseMessage(
-        content=None if calls is not None or not answer and reasoning else answer,
-        reasoning_content=reasoning or None,
-        tool_calls=calls,
-    )
-    return ChatChoice(
-        index=choice.index,
-        message=message,
-        logprobs=_logprobs(num_top, choice.token_ids, choice.logprobs),
-        finish_reason=_finish_reason(choice.finish_reason, calls),
-        stop_reason=choice.stop_reason,
-    )
 
 
 def _finish_reason(reason: str | None, calls: list[ToolCall] | None) -> str | None:

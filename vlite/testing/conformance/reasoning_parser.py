@@ -30,7 +30,7 @@ from vlite.core.reasoning_parser import (
     join_reasoning_events,
 )
 from vlite.testing.conformance.base import PluginConformance
-from vlite.testing.conformance.tool_parser import chunkings
+from vlite.testing.conformance.tool_parser import chunkings, golden_examples
 
 
 class ReasoningParserConformance(PluginConformance):
@@ -55,12 +55,7 @@ class ReasoningParserConformance(PluginConformance):
     @pytest.fixture(scope="class")
     @classmethod
     def golden(cls, plugin_cls) -> list[ReasoningParserExample]:
-        examples = list(cls.examples if cls.examples is not None else plugin_cls.examples)
-        assert examples, (
-            f"{cls.__name__} has no examples: set examples, or the parser's class attribute "
-            "examples, to golden outputs (ReasoningParserExample)"
-        )
-        return examples
+        return golden_examples(cls, plugin_cls, ReasoningParserExample)
 
     # ---- running the parser ----------------------------------------------------------
 

@@ -58,6 +58,17 @@ def comparable(result: ToolParseResult) -> tuple[str, list[tuple[str, Any]]]:
     return result.content, calls
 
 
+def golden_examples(suite: type, plugin_cls: Any, example_type: type) -> list[Any]:
+    """A parser suite's golden outputs: the test class's ``examples``, else the parser
+    class's own; there must be some."""
+    examples = list(suite.examples if suite.examples is not None else plugin_cls.examples)
+    assert examples, (
+        f"{suite.__name__} has no examples: set examples, or the parser's class attribute "
+        f"examples, to golden outputs ({example_type.__name__})"
+    )
+    return examples
+
+
 def chunkings(
     text: str, seed: int, num_random: int, every_split: bool = True
 ) -> Iterator[tuple[str, list[str]]]:
@@ -101,12 +112,7 @@ class ToolParserConformance(PluginConformance):
     @pytest.fixture(scope="class")
     @classmethod
     def golden(cls, plugin_cls) -> list[ToolParserExample]:
-        examples = list(cls.examples if cls.examples is not None else plugin_cls.examples)
-        assert examples, (
-            f"{cls.__name__} has no examples: set examples, or the parser's class attribute "
-            "examples, to golden outputs (ToolParserExample)"
-        )
-        return examples
+        return golden_examples(cls, plugin_cls, ToolParserExample)
 
     @pytest.fixture(scope="class")
     @classmethod
