@@ -1,17 +1,23 @@
-"""Decode-size products per GGUF type: float32 activations against int8 and int16.
+"""Products per GGUF type: float32 activations against int8 and int16, at any row count.
 
 For each quantized type the C kernels take, a random matrix of that type (``--shape N K``,
 default 2048 x 1536) multiplied by ``--rows`` rows of random activations through
 ``GGUFBlockKernels.product`` with ``activations`` ``"float32"``, ``"int8"`` and ``"int16"``:
 the three alternate call by call, ``--repeats`` times each, and the best time
 and median of each are kept. Prints the CPU (``lscpu``'s model name and its vector and
-matrix flags) and two limits measured on it with the same threads: PyTorch's float32 GEMM
-(2048^3) and a streaming read of 256 MiB; then one row per type and row count: the best
-times, each quantized mode's speed against float32, best (median), and the fastest mode's
-GFLOP/s as a share of the GEMM's. What ``quantized_activations=auto`` was chosen from
-(README, "Quantized activations"); run it on a quiet machine.
+matrix flags) and three limits measured on it with the same threads: PyTorch's float32 GEMM
+and bfloat16 GEMM (2048^3; the bf16 one runs on the 16-bit dot-product unit the int16
+kernels use, ``vdpbf16ps`` beside ``vpdpwssd``, where the CPU has AVX-512 BF16) and a
+streaming read of 256 MiB; then one row per type and row count: the best times, each
+quantized mode's speed against float32, best (median), and each mode's GFLOP/s as a share
+of its unit's measured peak (float32 of the float32 GEMM's, int8 and int16 of the bf16
+GEMM's). Decode sizes (1, 8 rows) show the memory-bound products ``quantized_activations
+=auto`` was chosen from (README, "Quantized activations"); prefill sizes (64, 512 rows)
+the compute-bound ones, how far each path runs from its unit's limit. Run it on a quiet
+machine.
 
     python benchmarks/quantized_activations.py                     # 1 and 8 rows, 2 threads
+    python benchmarks/quantized_activations.py --rows 64 512 --shape 8192 2048 --repeats 5
     python benchmarks/quantized_activations.py --rows 1 --types Q4_K Q6_K --threads 1
 """
 
@@ -84,13 +90,22 @@ def best_seconds(run, repeats: int = 5) -> float:
     return min(times)
 
 
-def measured_limits() -> tuple[float, float]:
-    """``(float32 GEMM GFLOP/s, streaming read GB/s)`` with the current threads."""
-    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
-    gemm = 2 * 2048**3 / best_seconds(lambda: torch.mm(a, b)) / 1e9
+def measured_limits() -> dict[str, float]:
+    """GFLOP/s of PyTorch's float32 and bfloat16 GEMMs and the streaming read's GB/s, with
+    the current threads: ``{"float32": ..., "bfloat16": ..., "read": ...}``."""
+    limits = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
+        limits[str(dtype).removeprefix("torch.")] = (
+            2 * 2048**3 / best_seconds(lambda: torch.mm(a, b)) / 1e9  # noqa: B023
+        )
     big = torch.ones(64 << 20)
-    read = big.nbytes / best_seconds(big.sum) / 1e9
-    return gemm, read
+    limits["read"] = big.nbytes / best_seconds(big.sum) / 1e9
+    return limits
+
+
+#: Which measured peak each mode's GFLOP/s is a share of: its multiply unit's.
+PEAK_OF = {"float32": "float32", "int8": "bfloat16", "int16": "bfloat16"}
 
 
 def ratio(best: dict[str, float], median: dict[str, float], mode: str) -> str:
@@ -103,15 +118,16 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     kernels = gguf_block_kernels()
     rows, cols = args.shape
-    gemm_peak, read_peak = measured_limits()
+    limits = measured_limits()
     print(f"{describe_cpu()}; {args.threads} threads; {rows} x {cols}")
     print(
-        f"measured: float32 GEMM {gemm_peak:.0f} GFLOP/s (torch.mm 2048^3), streaming read "
-        f"{read_peak:.1f} GB/s (sum of 256 MiB)"
+        f"measured: float32 GEMM {limits['float32']:.0f} GFLOP/s, bfloat16 GEMM "
+        f"{limits['bfloat16']:.0f} GFLOP/s (torch.mm 2048^3), streaming read "
+        f"{limits['read']:.1f} GB/s (sum of 256 MiB)"
     )
     print(
         "| type | rows | float32 µs | int8 µs | int16 µs | int8 / float32 best (median) "
-        "| int16 / float32 best (median) | fastest: GFLOP/s (of the GEMM's) |"
+        "| int16 / float32 best (median) | GFLOP/s float32, int8, int16 (of the unit's peak) |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     rng = np.random.default_rng(0)
@@ -126,13 +142,14 @@ def main() -> None:
             times = call_times(products, x, args.repeats)
             best = {mode: min(t) for mode, t in times.items()}
             median = {mode: statistics.median(t) for mode, t in times.items()}
-            fastest = min(best, key=best.get)
-            gflops = 2 * num_rows * rows * cols / best[fastest] / 1e9
+            gflops = {mode: 2 * num_rows * rows * cols / best[mode] / 1e9 for mode in MODES}
+            shares = ", ".join(
+                f"{gflops[mode]:.0f} ({gflops[mode] / limits[PEAK_OF[mode]]:.0%})" for mode in MODES
+            )
             print(
                 f"| {qtype} | {num_rows} | {1e6 * best['float32']:.0f} | "
                 f"{1e6 * best['int8']:.0f} | {1e6 * best['int16']:.0f} | "
-                f"{ratio(best, median, 'int8')} | {ratio(best, median, 'int16')} | "
-                f"{fastest}: {gflops:.0f} ({gflops / gemm_peak:.0%}) |"
+                f"{ratio(best, median, 'int8')} | {ratio(best, median, 'int16')} | {shares} |"
             )
 
 

@@ -127,6 +127,7 @@ ISA_BUILDS = {
     "portable": ("-march=x86-64", None),
     "avx2": ("-march=haswell", "avx2"),
     "avx512": ("-march=skylake-avx512", "avx512f"),
+    "avx512_vnni": ("-march=cascadelake", "avx512_vnni"),
 }
 
 

@@ -109,13 +109,42 @@ def test_products_are_the_files_weights_times_rounded_activations(
 def test_a_row_gives_the_same_bits_alone_or_in_any_batch(kernels, qtype, activations):
     blocks, _, _, cols = matrix(qtype, 37, 2, seed=14)
     # below the panels: the GEMM's rows (float32), or the quantized tiles' own row count
-    quantized = activations != "float32"
-    num_rows = (kernels.quantized_rows(qtype) if quantized else native.GEMM_ROWS) - 1
+    num_rows = tile_rows(kernels, qtype, activations) - 1
     x = torch.randn(num_rows, cols, generator=torch.Generator().manual_seed(15))
     product = kernels.product(qtype, blocks, 37, cols, activations)
     alone = torch.cat([product(x[i : i + 1]) for i in range(len(x))])
     for rows in (2, 3, 5, 7, 8, len(x)):
         assert torch.equal(product(x[:rows]), alone[:rows]), rows
+
+
+def tile_rows(kernels, qtype: str, activations: str) -> int:
+    """Rows from which products of ``qtype`` leave the batch-invariant tiles."""
+    if activations == "float32":
+        return native.GEMM_ROWS
+    if activations == "int16" and kernels.int16_gemm_rows(qtype):
+        return kernels.int16_gemm_rows(qtype)
+    return kernels.quantized_rows(qtype)
+
+
+@pytest.mark.parametrize("qtype", QUANTIZED_TYPES)
+def test_the_int16_gemm_gives_a_row_the_same_bits_in_any_batch_it_takes(kernels, qtype):
+    gemm_rows = kernels.int16_gemm_rows(qtype)
+    blocks, weights, offsets, cols = matrix(qtype, 37, 2, seed=16, activations="int16")
+    x = torch.randn(
+        max(gemm_rows, native.GEMM_ROWS) + 9, cols, generator=torch.Generator().manual_seed(17)
+    )
+    x[:, 5] = 40.0  # an outlier: its block's other values round coarsely enough to show
+    product = kernels.product(qtype, blocks, 37, cols, "int16")
+    got = product(x)
+    if not gemm_rows:  # no GEMM in this build: the many rows took the float32 panels
+        assert torch.equal(got, kernels.product(qtype, blocks, 37, cols)(x))
+        return
+    assert_exact_up_to_float32_sums(got, x, weights, offsets, "int16")
+    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(18))
+    assert torch.equal(product(x[order]), got[order])
+    assert torch.equal(product(x[:gemm_rows]), got[:gemm_rows])
+    # below its rows the tiles sum in their own order: other bits, the same values
+    assert not torch.equal(product(x[: gemm_rows - 1]), got[: gemm_rows - 1])
 
 
 def test_zero_rows_and_float_types_keep_the_float_path(kernels):
@@ -133,21 +162,21 @@ def test_zero_rows_and_float_types_keep_the_float_path(kernels):
 
 
 @pytest.mark.parametrize("qtype", ["Q6_K", "Q4_0"])
-def test_many_rows_keep_float32_activations(kernels, qtype):
+def test_many_rows_of_int8_keep_float32_activations(kernels, qtype):
     blocks, _, _, cols = matrix(qtype, 9, 1, seed=3)
     num_rows = kernels.quantized_rows(qtype)
     x = torch.randn(num_rows, cols, generator=torch.Generator().manual_seed(4))
-    quantized = kernels.product(qtype, blocks, 9, cols, activations="int16")(x)
+    quantized = kernels.product(qtype, blocks, 9, cols, activations="int8")(x)
     assert torch.equal(quantized, kernels.product(qtype, blocks, 9, cols)(x))
-    assert not torch.equal(quantized[:1], kernels.product(qtype, blocks, 9, cols, "int16")(x[:1]))
+    assert not torch.equal(quantized[:1], kernels.product(qtype, blocks, 9, cols, "int8")(x[:1]))
 
 
-def test_the_256_value_types_keep_quantized_activations_up_to_their_own_row_count(kernels):
+def test_the_256_value_types_keep_int8_tiles_up_to_their_own_row_count(kernels):
     assert kernels.quantized_rows("Q4_K") > native.GEMM_ROWS == kernels.quantized_rows("Q5_0")
-    blocks, weights, offsets, cols = matrix("Q4_K", 9, 1, seed=5, activations="int16")
+    blocks, weights, offsets, cols = matrix("Q4_K", 9, 1, seed=5, activations="int8")
     x = torch.randn(native.GEMM_ROWS + 8, cols, generator=torch.Generator().manual_seed(6))
     x[:, 5] = 9.0  # an outlier: its block's other values round coarsely
-    product = kernels.product("Q4_K", blocks, 9, cols, "int16")
+    product = kernels.product("Q4_K", blocks, 9, cols, "int8")
     # the rows' bits are those of the same rows alone: the quantized path, not the panels
     assert torch.equal(product(x), torch.cat([product(x[i : i + 1]) for i in range(len(x))]))
-    assert_exact_up_to_float32_sums(product(x), x, weights, offsets, "int16")
+    assert_exact_up_to_float32_sums(product(x), x, weights, offsets, "int8")

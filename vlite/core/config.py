@@ -66,14 +66,14 @@ class VliteConfig(BaseSettings):
     )
     quantized_activations: Literal["auto", "off", "int8", "int16"] = Field(
         "auto",
-        description="GGUF weights on the CPU: how decode steps and short prefills (products "
-        "of fewer than 32 rows; 128 for the K-quants and IQ4_XS) take the activations. "
-        "'off': float32 (exact: the file's values times "
-        "float32); 'int8': quantized per 32 values to int8, with integer dot products, as "
-        "llama.cpp does (fastest, least exact); 'int16': to int16 per 32 values (about 15 "
-        "bits, integer dot products too); 'auto': per type, the fastest that passed the "
-        "agreement oracle (the README's table). The weights are the file's values either "
-        "way; longer prefills keep float32.",
+        description="GGUF weights on the CPU: how products take the activations. 'off': "
+        "float32 (exact: the file's values times float32); 'int8': decode steps and short "
+        "prefills (products of fewer than 32 rows; 128 for the K-quants and IQ4_XS) quantize "
+        "them per 32 values to int8, with integer dot products, as llama.cpp does (least "
+        "exact), longer products keep float32; 'int16': the same at int16 (about 15 bits), "
+        "and longer products too where the CPU has AVX-512 VNNI (its int16 GEMM); 'auto': "
+        "per type, the fastest that passed the agreement oracle (the README's table). The "
+        "weights are the file's values either way.",
     )
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="'auto': CUDA when available, else the CPU."

@@ -180,6 +180,8 @@ class GGUFBlockKernels:
         lib.vl_has_quantized_activations.restype = i32
         lib.vl_matmul_quantized.argtypes = [i32, i32, ptr, i64, i64, ptr, i64, ptr, i32]
         lib.vl_matmul_quantized.restype = i32
+        lib.vl_int16_gemm_rows.argtypes = [i32]
+        lib.vl_int16_gemm_rows.restype = i32
         self._lib = lib
         self.path = path
 
@@ -194,6 +196,14 @@ class GGUFBlockKernels:
         asked for and :meth:`has_quantized_activations`): :data:`QUANTIZED_ROWS_256` for
         the 256-value types, :data:`GEMM_ROWS` for the others."""
         return QUANTIZED_ROWS_256 if BLOCK_LAYOUTS[qtype].values == 256 else GEMM_ROWS
+
+    def int16_gemm_rows(self, qtype: str) -> int:
+        """Rows from which products of ``qtype`` with int16 activations run as the library's
+        int16 GEMM (``int16_gemm.h``: AVX-512 VNNI; each row's bits then independent of the
+        batch again, but not those of the tiles below), rather than the tiles; 0 where the
+        library has none, so those products keep the tiles up to :meth:`quantized_rows` and
+        the float32 panels beyond."""
+        return int(self._lib.vl_int16_gemm_rows(BLOCK_TYPES[qtype]))
 
     def has_quantized_activations(self, qtype: str) -> bool:
         """Whether :meth:`product` can multiply ``qtype`` by integer-quantized activations
@@ -226,8 +236,10 @@ class GGUFBlockKernels:
         ``activations`` ``"int8"`` or ``"int16"`` (and :meth:`has_quantized_activations`),
         products of fewer than :meth:`quantized_rows` rows quantize each row of ``x`` per 32
         values to int8 (llama.cpp's precision) or int16 (about 15 bits) and use integer dot
-        products (``quantized_activations.h``); ``"float32"``: float32 activations. The
-        file's weight values either way.
+        products (``quantized_activations.h``), and with ``"int16"`` every product does
+        where the library has :meth:`int16_gemm_rows` (its GEMM beyond them, about twice the
+        float32 panels' speed); ``"float32"``: float32 activations. The file's weight values
+        either way.
         """
         _check_blocks(qtype, blocks, out_features, in_features)
         if activations not in ACTIVATION_BITS:
@@ -239,6 +251,8 @@ class GGUFBlockKernels:
             bits = ACTIVATION_BITS[activations]
             quantized = functools.partial(_call, self._lib.vl_matmul_quantized, code, bits)
             quantized_rows = self.quantized_rows(qtype)
+            if bits == 16 and self.int16_gemm_rows(qtype):
+                quantized_rows = sys.maxsize  # the library's GEMM takes the many rows
         many_rows = None if self.has_gemm(qtype) else self._panel_product(qtype, blocks)
         panel_rows = max(GEMM_ROWS, quantized_rows)
 

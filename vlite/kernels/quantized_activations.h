@@ -1,6 +1,7 @@
 /*
  * Products of GGUF block-quantized weights with activations quantized to integers (AVX2; with
- * AVX-512 VNNI, Q4_K and Q6_K two chunks per 512-bit instruction), as llama.cpp multiplies
+ * AVX-512 VNNI, Q4_K and Q6_K two chunks per 512-bit instruction, and int16 products of many
+ * rows as int16_gemm.h's GEMM), as llama.cpp multiplies
  * on the CPU: integer dot products of 32 values in a few instructions,
  * where the float path converts and multiplies every value. Included by gguf_blocks.c
  * (it uses that file's TYPES, fp16_to_fp32, split_nibbles, fifth_bits, k_scale_min,
@@ -31,7 +32,7 @@
  * exactly the file's values; only the activations multiplying w are rounded (int8: about
  * 0.4% of a block's largest value), which the agreement oracle judges per type (see docs).
  * Each row's result is summed in one order, block after block, whatever the batch, so a row
- * gives the same bits alone or in any batch.
+ * gives the same bits alone or in any batch (of the tiles: int16_gemm.h sums in its own).
  */
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -974,6 +975,8 @@ static const int8_rows_fn INT16_ROWS_OF[VL_NUM_TYPES] = {
 };
 #endif
 
+#include "int16_gemm.h"
+
 /* 1 when vl_matmul_quantized multiplies this type (AVX2 builds; every quantized type). */
 int vl_has_quantized_activations(int qtype) {
 #if defined(__AVX2__) && defined(__FMA__)
@@ -1005,24 +1008,37 @@ int vl_matmul_quantized(int qtype, int bits, const float *x, int64_t M, int64_t 
         free(rows);
         return -1;
     }
+#if defined(GEMM16)
+    const int many_rows = bits == 16 && M >= GEMM16_MIN_ROWS;
+    const int order = many_rows ? INT16_IN_ORDER : int16_order(qtype);
+#else
+    const int many_rows = 0, order = int16_order(qtype);
+#endif
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (M > 1)
     for (int64_t m = 0; m < M; m++) {
         float *d = scales + m * per_row, *s = d + K / 32, *s32 = s + K / 16;
         if (bits == 16) {
             rows[m] = (int8_row){NULL, (int16_t *)q + m * K, d, s, s32};
-            quantize_row_int16(x + m * K, K, (int16_t *)q + m * K, int16_order(qtype), d, s, s32);
+            quantize_row_int16(x + m * K, K, (int16_t *)q + m * K, order, d, s, s32);
         } else {
             rows[m] = (int8_row){q + m * K, NULL, d, s, s32};
             quantize_row_int8(x + m * K, K, q + m * K, d, s, s32);
         }
     }
-    const int64_t chunk = 16, num_chunks = (N + chunk - 1) / chunk;
+    int status = 0;
+#if defined(GEMM16)
+    if (many_rows) status = gemm16(qtype, rows, M, K, w, N, y, num_threads);
+#endif
+    if (!many_rows) {
+        const int64_t chunk = 16, num_chunks = (N + chunk - 1) / chunk;
 #pragma omp parallel for schedule(static) num_threads(num_threads)
-    for (int64_t c = 0; c < num_chunks; c++)
-        rows_fn(rows, M, K, w, N, c * chunk, (c + 1) * chunk < N ? (c + 1) * chunk : N, y);
+        for (int64_t c = 0; c < num_chunks; c++)
+            rows_fn(rows, M, K, w, N, c * chunk, (c + 1) * chunk < N ? (c + 1) * chunk : N, y);
+    }
     free(q);
     free(scales);
     free(rows);
-    return 0;
+    return status;
 #else
     (void)qtype, (void)bits, (void)x, (void)M, (void)K, (void)w, (void)N, (void)y, (void)num_threads;
     return -1;

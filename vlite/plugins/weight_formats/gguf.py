@@ -143,7 +143,8 @@ class GGUFBlockFormat(WeightFormat):
         self.activations = ACTIVATIONS[config.quantized_activations]
 
     #: Type -> ``"int8"`` or ``"int16"``: the integers its products of few rows (decode
-    #: steps and short prefills: fewer than ``GGUFBlockKernels.quantized_rows``) quantize
+    #: steps and short prefills: fewer than ``GGUFBlockKernels.quantized_rows``; at int16
+    #: every product where ``GGUFBlockKernels.int16_gemm_rows``) quantize
     #: the activations to, with integer dot products; absent:
     #: float32 activations, the exact path. Set from the engine's ``quantized_activations``
     #: by :meth:`configure`.
