@@ -163,6 +163,15 @@ class VliteConfig(BaseSettings):
         description="With chunked prefill, the most tokens one request computes per step "
         "(0: as many as the budget leaves).",
     )
+    max_itl_ms: float | None = Field(
+        None,
+        gt=0,
+        description="With chunked prefill, a target in milliseconds for each running "
+        "stream's gap between tokens: a step that carries decodes takes only as many prompt "
+        "tokens as the steps measured so far say fit the target (at least 16); a step "
+        "without decodes takes the whole budget. Default: none (each step takes what the "
+        "token budget allows).",
+    )
 
     speculative_config: SpeculativeConfig | None = Field(
         None,

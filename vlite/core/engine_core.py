@@ -293,11 +293,14 @@ class EngineCore:
         self.executor.execute_model(scheduler_output)
         model_runner_output = self.executor.sample_tokens()
         outputs = self.scheduler.update_from_output(scheduler_output, model_runner_output)
+        seconds = time.perf_counter() - started
         accepted = self.scheduler.last_accepted_per_position
+        if self.scheduler.last_step_stats is not None:
+            self.scheduler.observe_step(self.scheduler.last_step_stats, seconds)
         if self.drafts is not None:
             stats = self.scheduler.last_step_stats
             timing = StepTiming(
-                time.perf_counter() - started,
+                seconds,
                 bool(scheduler_output.spec_token_ids),
                 stats is not None and stats.num_prefill_tokens == 0,
                 bool(scheduler_output.num_lookahead_tokens),

@@ -31,7 +31,7 @@ PROJECT_NAME = "vlite"
 #: types. It is raised by one whenever they change in a way a plugin could notice: a hook or
 #: an interface member added, changed or removed. A plugin declares the versions it works with
 #: as ``VLITE_PLUGIN_API = ">=2,<3"`` (or ``2``, meaning ``>=2``).
-PLUGIN_API_VERSION = 8
+PLUGIN_API_VERSION = 9
 #: Every plugin API version this vlite still serves, oldest first. A plugin loads if its
 #: ``VLITE_PLUGIN_API`` admits any of them. Version 1 differs only in how schedulers are
 #: written (subclasses of ``vlite.core.scheduler.Scheduler``, deprecated; version 2 registers
@@ -42,7 +42,7 @@ PLUGIN_API_VERSION = 8
 #: fields (all with defaults), the tool-call parser kind and the reasoning parser kind,
 #: version 8 the parsers' markers and constraints after the reasoning (with defaults);
 #: nothing older changed.
-SUPPORTED_PLUGIN_APIS = (1, 2, 3, 4, 5, 6, 7, 8)
+SUPPORTED_PLUGIN_APIS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)

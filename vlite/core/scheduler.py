@@ -41,11 +41,17 @@ from vlite.core.outputs import (
 from vlite.core.request import Request, RequestStatus
 from vlite.core.scheduling_policy import SchedulingPolicy
 from vlite.core.stats import StepStats
+from vlite.core.step_cost import StepCostModel
 from vlite.core.stop import check_stop
 from vlite.core.structured_output_manager import StructuredOutputManager
 
 #: The last date on which a vlite release serves API-1 ``Scheduler`` subclasses.
 API_1_SCHEDULERS_END = "2027-06-30"
+
+#: Prompt tokens a step beside decodes may always take under ``max_itl_ms`` (one KV block
+#: of 16), so that prompts progress even where the decodes alone exceed the target (holding
+#: prompts back until the decodes drain left steps of one or two streams, and cost more).
+MIN_PROMPT_TOKENS_BESIDE_DECODES = 16
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,13 @@ class SchedulerLimits:
         speculative: speculative decoding is on: a request that may speculate is never
             scheduled while a batch of its own is in flight (with ``overlaps_decodes``), so
             its drafts always follow tokens the engine knows.
+        max_itl_ms: with chunked prefill, a target for the wall time of a step that carries
+            decodes (each running stream's gap between tokens): such a step takes only as
+            many prompt tokens as the steps run so far say fit in it
+            (:class:`~vlite.core.step_cost.StepCostModel`; at least
+            :data:`MIN_PROMPT_TOKENS_BESIDE_DECODES`); a step without decodes takes the whole
+            budget. Steps are measured where the engine runs one batch at a time (with a
+            batch queue none is, and nothing is capped). ``None``: no target.
     """
 
     max_num_seqs: int
@@ -93,6 +106,7 @@ class SchedulerLimits:
     overlaps_decodes: bool = False
     num_lookahead_tokens: int = 0
     speculative: bool = False
+    max_itl_ms: float | None = None
 
 
 def build_scheduler(
@@ -201,6 +215,8 @@ class Scheduler:
         self.last_accepted_per_position: list[int] = []
         self.num_steps = 0
         self.last_step_stats: StepStats | None = None
+        #: What steps cost, learnt from :meth:`observe_step` (``max_itl_ms`` only).
+        self.step_cost = StepCostModel() if self.limits.max_itl_ms else None
 
     @property
     def max_batches_in_flight(self) -> int:
@@ -264,6 +280,30 @@ class Scheduler:
         elif not isinstance(limit, int) or limit < 1:
             raise self._policy_error(f"max_chunk_tokens returned {limit!r} (allowed: int >= 1)")
         return min(num_pending, budget, limit)
+
+    def observe_step(self, stats: StepStats, seconds: float) -> None:
+        """Take a finished step's wall time (the engine calls this after each step whose
+        batch it ran alone), for ``max_itl_ms``."""
+        if self.step_cost is not None:
+            self.step_cost.observe(stats.num_decode_tokens, stats.num_prefill_tokens, seconds)
+
+    def _budget_for(self, request: Request, step: _StepPlan) -> int:
+        """The budget ``request`` may draw on: the step's, and for a prompt in a step that
+        carries decodes under ``max_itl_ms``, what is left of the prompt tokens that fit
+        the target."""
+        target = self.limits.max_itl_ms
+        decoding = request.num_computed_tokens >= request.num_prompt_tokens
+        if not target or decoding or not step.num_decode_tokens or not self.chunks_prefills:
+            return step.budget
+        if step.prompt_token_cap is None:
+            assert self.step_cost is not None  # made with the target
+            within = self.step_cost.prompt_tokens_within(target / 1000, step.num_decode_tokens)
+            step.prompt_token_cap = (
+                step.budget + step.num_prefill_tokens  # not measured yet: no cap
+                if within is None
+                else max(within, MIN_PROMPT_TOKENS_BESIDE_DECODES)
+            )
+        return max(min(step.budget, step.prompt_token_cap - step.num_prefill_tokens), 0)
 
     def arrival_index(self, request: Request) -> int:
         """``request.arrival_index`` (kept for API-1 subclasses)."""
@@ -509,7 +549,9 @@ class Scheduler:
                 self._restart_cache(request)
             # An overlapping request computes the one token its batch in flight samples.
             num_pending = 1 if num_in_flight else request.num_tokens - request.num_computed_tokens
-            num_new = self._checked_num_tokens(request, num_pending, step.budget)
+            num_new = self._checked_num_tokens(
+                request, num_pending, self._budget_for(request, step)
+            )
             if num_new == 0:
                 is_budget_spent = True
                 continue
@@ -617,7 +659,7 @@ class Scheduler:
             )
             num_cached = len(cached_prefix) * self.kv_cache_manager.block_size
             num_new = self._checked_num_tokens(
-                request, request.num_tokens - num_cached, step.budget
+                request, request.num_tokens - num_cached, self._budget_for(request, step)
             )
             if num_new == 0:
                 step.num_waits_budget += 1
@@ -843,6 +885,9 @@ class _StepPlan:
     num_waits_no_blocks: int = 0
     num_waits_budget: int = 0
     num_waits_max_num_seqs: int = 0
+    #: Under ``max_itl_ms``: the prompt tokens this step may carry beside its decodes
+    #: (set when the first prompt asks, once the decodes are scheduled).
+    prompt_token_cap: int | None = None
 
     def __post_init__(self) -> None:
         self.num_scheduled_tokens: dict[str, int] = {}

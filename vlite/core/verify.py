@@ -206,6 +206,7 @@ def scheduler_limits(
             recompute_past_length=model_spec.recompute_past_length,
             num_lookahead_tokens=num_lookahead_tokens(config),
             speculative=config.speculative_config is not None,
+            max_itl_ms=config.max_itl_ms,
         ),
     )
 

@@ -9,7 +9,8 @@ import pytest
 from vlite.core.errors import PluginError
 from vlite.core.kv_cache import KVCacheManager
 from vlite.core.request import Request
-from vlite.core.scheduler import SchedulerLimits, build_scheduler
+from vlite.core.scheduler import MIN_PROMPT_TOKENS_BESIDE_DECODES, SchedulerLimits, build_scheduler
+from vlite.core.step_cost import StepCostModel
 from vlite.plugins.schedulers.chunked_prefill import ChunkedPrefillPolicy
 from vlite.plugins.schedulers.fcfs import FcfsPolicy
 from vlite.plugins.schedulers.priority import PriorityPolicy
@@ -230,3 +231,74 @@ def test_a_subclass_written_for_plugin_api_1_still_works_and_is_deprecated():
     admitted = [n.request_id for step in driver.run() for n in step.scheduler_output.new_requests]
     assert admitted == ["short", "middle", "long"]
     assert driver.outputs == driver.expected
+
+
+def itl_driver(max_itl_ms: float, budget: int = 64) -> SchedulerDriver:
+    """Two streams decoding, the step costs known: 25 ms for their decodes, 1 ms a prompt
+    token."""
+    kv_cache = KVCacheManager(128, 4)
+    limits = SchedulerLimits(8, budget, 256, True, max_itl_ms=max_itl_ms)
+    driver = SchedulerDriver(build_scheduler(ChunkedPrefillPolicy, limits, kv_cache), kv_cache)
+    cost = driver.scheduler.step_cost
+    cost.observe(2, 0, 0.025)
+    cost.observe(2, 10, 0.035)
+    return driver
+
+
+def test_a_target_caps_the_prompt_tokens_beside_decodes():
+    driver = itl_driver(max_itl_ms=45)
+    driver.add("a", [1, 2, 3], 20)
+    driver.add("b", [4, 5, 6], 20)
+    driver.step()
+    driver.add("long", list(range(1, 201)), 3)
+    scheduled = driver.step().scheduler_output.num_scheduled_tokens
+    assert scheduled["a"] == scheduled["b"] == 1
+    assert scheduled["long"] == 20  # (45 - 25) ms at 1 ms a token
+    driver.run()
+    assert driver.outputs == driver.expected
+
+
+def test_a_step_without_decodes_takes_the_whole_budget_under_a_target():
+    driver = itl_driver(max_itl_ms=45)
+    driver.add("long", list(range(1, 201)), 3)
+    assert driver.step().scheduler_output.num_scheduled_tokens["long"] == 64
+
+
+def test_a_target_below_the_decodes_still_lets_prompts_progress():
+    driver = itl_driver(max_itl_ms=26)
+    driver.add("a", [1, 2, 3], 20)
+    driver.add("b", [4, 5, 6], 20)
+    driver.step()
+    driver.add("long", list(range(1, 201)), 3)
+    scheduled = driver.step().scheduler_output.num_scheduled_tokens
+    assert scheduled["long"] == MIN_PROMPT_TOKENS_BESIDE_DECODES
+    assert driver.scheduler.last_step_stats.num_prefill_tokens == 16
+
+
+def test_without_a_target_or_measurements_the_budget_decides():
+    driver = itl_driver(max_itl_ms=45)
+    driver.scheduler.step_cost = StepCostModel()  # nothing measured yet
+    driver.add("a", [1, 2, 3], 20)
+    driver.step()
+    driver.add("long", list(range(1, 201)), 3)
+    assert driver.step().scheduler_output.num_scheduled_tokens["long"] == 63
+    plain = make_driver(max_num_batched_tokens=64)
+    assert plain.scheduler.step_cost is None
+    plain.add("a", [1, 2, 3], 20)
+    plain.step()
+    plain.add("long", list(range(1, 201)), 3)
+    assert plain.step().scheduler_output.num_scheduled_tokens["long"] == 63
+
+
+def test_the_engine_feeds_its_steps_times_to_the_target(tmp_path):
+    from vlite import LLM, SamplingParams
+    from vlite.testing.tiny_models import make_tiny_model
+
+    model = make_tiny_model(tmp_path, "LlamaForCausalLM")
+    llm = LLM(model=str(model), max_itl_ms=50, enable_chunked_prefill=True)
+    llm.generate(
+        ["hello there", "a longer prompt here"], SamplingParams(max_tokens=4), use_tqdm=False
+    )
+    cost = llm.llm_engine.engine_core.scheduler.step_cost
+    assert cost.seconds_per_prompt_token is not None and cost.seconds_per_prompt_token > 0
+    assert cost.decode_seconds(2) is not None
