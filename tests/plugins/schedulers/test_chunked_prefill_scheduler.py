@@ -245,13 +245,18 @@ def itl_driver(max_itl_ms: float, budget: int = 64) -> SchedulerDriver:
     return driver
 
 
-def test_a_target_caps_the_prompt_tokens_beside_decodes():
-    driver = itl_driver(max_itl_ms=45)
+def step_with_two_decodes_and_a_long_prompt(driver: SchedulerDriver) -> dict[str, int]:
+    """Streams a and b start, then a 200-token prompt arrives: that step's tokens."""
     driver.add("a", [1, 2, 3], 20)
     driver.add("b", [4, 5, 6], 20)
     driver.step()
     driver.add("long", list(range(1, 201)), 3)
-    scheduled = driver.step().scheduler_output.num_scheduled_tokens
+    return driver.step().scheduler_output.num_scheduled_tokens
+
+
+def test_a_target_caps_the_prompt_tokens_beside_decodes():
+    driver = itl_driver(max_itl_ms=45)
+    scheduled = step_with_two_decodes_and_a_long_prompt(driver)
     assert scheduled["a"] == scheduled["b"] == 1
     assert scheduled["long"] == 20  # (45 - 25) ms at 1 ms a token
     driver.run()
@@ -266,11 +271,7 @@ def test_a_step_without_decodes_takes_the_whole_budget_under_a_target():
 
 def test_a_target_below_the_decodes_still_lets_prompts_progress():
     driver = itl_driver(max_itl_ms=26)
-    driver.add("a", [1, 2, 3], 20)
-    driver.add("b", [4, 5, 6], 20)
-    driver.step()
-    driver.add("long", list(range(1, 201)), 3)
-    scheduled = driver.step().scheduler_output.num_scheduled_tokens
+    scheduled = step_with_two_decodes_and_a_long_prompt(driver)
     assert scheduled["long"] == MIN_PROMPT_TOKENS_BESIDE_DECODES
     assert driver.scheduler.last_step_stats.num_prefill_tokens == 16
 
