@@ -19,17 +19,17 @@
  *
  * The activations are quantize_row_int16's, in order: the same integers and scales the
  * tiles multiply. A row of y sums group after group in one order whatever the batch (not
- * the tiles' order, so not their bits). Integer sums are exact: |w| <= 128 except Q6_K's
- * 32 x 128 = 4096 over 16 values and Q8_0's 127 over 32, and |v| <= 32258, so a group's
- * sum stays below 2^31.
+ * the tiles' order, so not their bits). Integer sums are exact: |w| <= 128 (Q8_0's int8,
+ * Q3_K's 4 x 32) and |v| <= 32258, so a group's 32 products sum below 2^27. Building with
+ * -DVL_NO_INT16_GEMM leaves every product to the paths before it (a benchmark's baseline).
  */
 
-#if defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#if defined(__AVX512BW__) && defined(__AVX512VNNI__) && !defined(VL_NO_INT16_GEMM)
 #define GEMM16 1
 
 /* Rows of W unpacked together (two vectors of 16 lanes) and rows of x per tile. */
 #define GEMM16_ROWS 32
-#define GEMM16_MR 4
+#define GEMM16_MR 4 /* (6 measured no better: 337 against 358 GFLOP/s on Q4_K at 512 rows) */
 
 /* Products of fewer rows of x than this take the tiles (vl_matmul_quantized): below it the
  * panel's unpacking costs more than the tiles' decoding (Q4_K and Q6_K, 8192 x 2048, AVX-512
