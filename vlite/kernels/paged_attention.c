@@ -12,7 +12,7 @@
  *
  * Work item = (token, KV head): the query heads that share the KV head are done together,
  * with an online softmax that is rescaled once per group of keys. With AVX-512 and a head
- * size of 32, 64 or 128 (attend16), keys go 16 at a time: their 16 scores are summed into one
+ * size of 32, 64, 128 or 256 (attend16), keys go 16 at a time: their 16 scores are summed into one
  * vector by a transposing tree of shuffles, the exponentials are a degree-7 polynomial
  * (within 1e-8 relative of expf) on that vector, and the head's output accumulator stays in
  * registers. With AVX2 + FMA and a head size of 32 to 256 (attend8), the same scheme runs 8
@@ -337,7 +337,8 @@ static void attend(const float *q, int64_t q_tok_stride, int64_t q_head_stride, 
     }
 }
 
-/* attend16 for the head sizes models use (64, 128, ...), attend for the rest. */
+/* attend16 or attend8 for the head sizes models use (64, 128, 256, ...), attend for the
+ * rest. */
 static void attend_any(const float *q, int64_t q_tok_stride, int64_t q_head_stride, int64_t t,
                        int64_t g, int64_t position, int64_t first_key, const int32_t *table,
                        const float *k_cache,
@@ -351,6 +352,7 @@ static void attend_any(const float *q, int64_t q_tok_stride, int64_t q_head_stri
             case 32: ATTEND16(2); return;
             case 64: ATTEND16(4); return;
             case 128: ATTEND16(8); return;
+            case 256: ATTEND16(16); return; /* Gemma 3's; its accumulators spill to L1 */
         }
 #undef ATTEND16
 #elif defined(__AVX2__) && defined(__FMA__)

@@ -1,6 +1,6 @@
 """The C kernel's sliding window on its two paths: 16 keys at a time with AVX-512 (8 with
-AVX2) for head dims 32/64/128, and one cache block at a time with scalar dot products (other
-head dims)."""
+AVX2) for head dims 32/64/128/256 (Gemma 3's 256), and one cache block at a time with scalar
+dot products (other head dims)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from vlite.plugins.attention.cpu_native import CpuAttentionBackend
 from vlite.testing.attention_cases import AttentionShape, run_case
 
 
-@pytest.mark.parametrize("head_dim", [32, 64, 128, 48])
+@pytest.mark.parametrize("head_dim", [32, 64, 128, 256, 48])
 @pytest.mark.parametrize("window", [1, 13, 40])
 def test_window_matches_dense_attention(head_dim, window):
     reason = CpuAttentionBackend.unavailable_reason(torch.device("cpu"), torch.float32)
