@@ -90,15 +90,19 @@ def best_seconds(run, repeats: int = 5) -> float:
     return min(times)
 
 
+def gemm_gflops(dtype: torch.dtype) -> float:
+    """GFLOP/s of PyTorch's 2048^3 GEMM in ``dtype`` with the current threads."""
+    a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
+    return 2 * 2048**3 / best_seconds(lambda: torch.mm(a, b)) / 1e9
+
+
 def measured_limits() -> dict[str, float]:
     """GFLOP/s of PyTorch's float32 and bfloat16 GEMMs and the streaming read's GB/s, with
     the current threads: ``{"float32": ..., "bfloat16": ..., "read": ...}``."""
-    limits = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
-        limits[str(dtype).removeprefix("torch.")] = (
-            2 * 2048**3 / best_seconds(lambda: torch.mm(a, b)) / 1e9  # noqa: B023
-        )
+    limits = {
+        name: gemm_gflops(dtype)
+        for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16))
+    }
     big = torch.ones(64 << 20)
     limits["read"] = big.nbytes / best_seconds(big.sum) / 1e9
     return limits

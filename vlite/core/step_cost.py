@@ -16,7 +16,6 @@ the budget allows, which is what gives it its first observations.
 
 from __future__ import annotations
 
-import bisect
 import math
 
 #: Weight of the newest observation in each moving average.
@@ -32,7 +31,6 @@ class StepCostModel:
         self.smoothing = smoothing
         #: Decode tokens in a decode-only step -> its average wall seconds.
         self._decode_seconds: dict[int, float] = {}
-        self._decode_sizes: list[int] = []  # the keys above, sorted
         #: Average seconds one prompt token adds to a step (None: none observed yet).
         self.seconds_per_prompt_token: float | None = None
 
@@ -41,8 +39,6 @@ class StepCostModel:
         if seconds <= 0 or num_decode_tokens + num_prompt_tokens == 0:
             return
         if num_prompt_tokens == 0:
-            if num_decode_tokens not in self._decode_seconds:
-                bisect.insort(self._decode_sizes, num_decode_tokens)
             previous = self._decode_seconds.get(num_decode_tokens)
             self._decode_seconds[num_decode_tokens] = self._average(previous, seconds)
             return
@@ -56,11 +52,10 @@ class StepCostModel:
         """Average seconds of a decode-only step of that many decode tokens: the size
         itself, else the nearest larger size observed, else the largest (a cost grows with
         the batch); None before any decode-only step."""
-        if not self._decode_sizes:
+        if not self._decode_seconds:
             return None
-        at = bisect.bisect_left(self._decode_sizes, num_decode_tokens)
-        size = self._decode_sizes[min(at, len(self._decode_sizes) - 1)]
-        return self._decode_seconds[size]
+        larger = [size for size in self._decode_seconds if size >= num_decode_tokens]
+        return self._decode_seconds[min(larger) if larger else max(self._decode_seconds)]
 
     def prompt_tokens_within(self, seconds: float, num_decode_tokens: int) -> int | None:
         """How many prompt tokens a step of ``num_decode_tokens`` decode tokens can carry
