@@ -85,7 +85,7 @@ def serve_command(config_file, **options):
         raise click.ClickException(
             f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}"
         ) from None
-    server = ApiServer(config, sock, settings, on_ready=lambda ready: _announce(ready, settings))
+    server = ApiServer(config, sock, settings, on_ready=lambda ready: _on_ready(ready, settings))
     try:
         server.run()
     except KeyboardInterrupt:
@@ -117,6 +117,15 @@ def _check_parsers(settings: ServerSettings) -> None:
             lookup(name)
         except VliteError as exc:
             raise click.ClickException(str(exc)) from None
+
+
+def _on_ready(server, given: ServerSettings) -> None:
+    """The server is up: its start-up objects leave the collector's way, and it says what
+    it runs."""
+    from vlite.engine.startup_heap import freeze_startup_heap
+
+    freeze_startup_heap()
+    _announce(server, given)
 
 
 def _announce(server, given: ServerSettings) -> None:

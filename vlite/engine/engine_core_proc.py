@@ -51,6 +51,7 @@ from vlite.engine.core_messages import (
     encoder,
     input_decoder,
 )
+from vlite.engine.startup_heap import freeze_startup_heap
 from vlite.models.spec import ModelSpec
 
 #: The name prefix of the temporary directory holding a front end's IPC sockets.
@@ -314,6 +315,7 @@ def run_engine_core(
     handshake.send_bytes(encoder.encode(Ready(proc.info())))
     handshake.close()
     proc.watch_parent()
+    freeze_startup_heap()
     try:
         proc.run_busy_loop()
     except Exception:

@@ -44,6 +44,7 @@ from vlite.engine.core_messages import (
 )
 from vlite.engine.engine_core_proc import EngineCoreFactory, start_engine_core_proc
 from vlite.engine.exceptions import EngineStartupError
+from vlite.engine.startup_heap import freeze_startup_heap
 from vlite.plugins.executors.ray.placement import parse_bundle_resources, reserve_bundles
 from vlite.plugins.executors.ray.session import connect, disconnect, import_ray
 from vlite.plugins.executors.worker_pool import threads_per_worker
@@ -92,6 +93,7 @@ class EngineCoreActor:
         """Serve until a ``Shutdown`` message (the call lasts as long as the core)."""
         if self._proc is None:
             raise RuntimeError("start() must succeed before run()")
+        freeze_startup_heap()
         self._proc.run_busy_loop()
 
 

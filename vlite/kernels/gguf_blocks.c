@@ -31,8 +31,9 @@
  * Products with few rows of x (a decode step) decode NR rows of W at a time into a small
  * float32 buffer and run MR x NR tiles of dot products over it, with the widest vectors the
  * compiler was told of (AVX-512, AVX2 + FMA, or 4-wide portable vectors). With AVX-512 the
- * three oldest types (Q4_0, Q4_1, Q8_0) keep their own register-resident decoder and a
- * blocked GEMM for many rows (vl_has_gemm says which); with AVX2 alone the types whose
+ * three oldest types (Q4_0, Q4_1, Q8_0) and F16/BF16 keep their own register-resident
+ * decoder, and the three a blocked GEMM for many rows (vl_has_gemm says which; F16/BF16
+ * many rows are PyTorch's, on panels); with AVX2 alone the types whose
  * values widen straight from memory are decoded in registers too (register_product). The
  * caller handles many rows of the other types by decoding W in panels (vl_dequantize) for a
  * dense product.
@@ -818,6 +819,18 @@ static inline float fp16_to_fp32_hw(const uint8_t *p) {
 
 static inline __attribute__((always_inline)) void load_block(int qtype, const uint8_t *b,
                                                                __m512 *lo, __m512 *hi) {
+    if (qtype == VL_F16) { /* 32 half-precision values, widened exactly */
+        *lo = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b));
+        *hi = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + 32)));
+        return;
+    }
+    if (qtype == VL_BF16) { /* bfloat16 is float32's high half */
+        const __m512i h0 = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)b));
+        const __m512i h1 = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(b + 32)));
+        *lo = _mm512_castsi512_ps(_mm512_slli_epi32(h0, 16));
+        *hi = _mm512_castsi512_ps(_mm512_slli_epi32(h1, 16));
+        return;
+    }
     const __m512 d = _mm512_set1_ps(fp16_to_fp32_hw(b));
     if (qtype == VL_Q8_0) {
         const __m128i q0 = _mm_loadu_si128((const __m128i *)(b + 2));
@@ -862,6 +875,8 @@ static inline __attribute__((always_inline)) void tile(int qtype, const int MR, 
         const char *ahead = (const char *)w + PREFETCH_TILES * NR * row_bytes + b * NR * bb;
         _mm_prefetch(ahead, _MM_HINT_T0);
         _mm_prefetch(ahead + 64, _MM_HINT_T0);
+        if (bb == 64) /* F16/BF16: NR cache lines per block step */
+            for (int line = 2; line < NR; line++) _mm_prefetch(ahead + 64 * line, _MM_HINT_T0);
         for (int r = 0; r < NR; r++) load_block(qtype, w + r * row_bytes + b * bb, &wlo[r], &whi[r]);
         for (int i = 0; i < MR; i++) {
             const __m512 xlo = _mm512_loadu_ps(x + i * K + b * QK);
@@ -1023,13 +1038,16 @@ static void gemm(int qtype, const float *x, int64_t M, int64_t K, const uint8_t 
 
 #endif
 
-static inline int has_register_decoder(int qtype) { return qtype <= VL_Q8_0; }
+static inline int has_register_decoder(int qtype) {
+    return qtype <= VL_Q8_0 || qtype == VL_F16 || qtype == VL_BF16;
+}
 
 /* 1 when vl_matmul runs many rows of x (M >= 32) as a blocked GEMM for this type; 0 when the
- * caller had better decode W in panels (vl_dequantize) and use a dense product instead. */
+ * caller had better decode W in panels (vl_dequantize) and use a dense product instead
+ * (F16/BF16 too: PyTorch's GEMM beats this one's on their panels). */
 int vl_has_gemm(int qtype) {
 #if defined(__AVX512F__)
-    return has_register_decoder(qtype);
+    return qtype <= VL_Q8_0;
 #else
     (void)qtype;
     return 0;
@@ -1048,7 +1066,7 @@ void vl_matmul(int qtype, const float *x, int64_t M, int64_t K, const uint8_t *w
                float *y, int num_threads) {
 #if defined(__AVX512F__)
     if (has_register_decoder(qtype)) {
-        const int64_t gemm_rows = M / STRIP * STRIP;
+        const int64_t gemm_rows = vl_has_gemm(qtype) ? M / STRIP * STRIP : 0;
         if (gemm_rows > 0) {
             gemm(qtype, x, gemm_rows, K, w, N, y, num_threads);
             x += gemm_rows * K;
