@@ -15,7 +15,7 @@
  * int32 lanes, one per row of W: a group's sum needs no horizontal reduction, and one
  * conversion, scale and add per group serve 16 products of 32 values. The panel's
  * unpacking (a decode and a 16 x 16 transpose per 32 values and 16 rows) is repaid over
- * the rows of x, so this path is for products of at least GEMM16_MIN_ROWS rows.
+ * the rows of x, so this path is for products of at least gemm16_min_rows rows.
  *
  * The activations are quantize_row_int16's, in order: the same integers and scales the
  * tiles multiply. A row of y sums group after group in one order whatever the batch (not
@@ -32,9 +32,12 @@
 #define GEMM16_MR 4 /* (6 measured no better: 337 against 358 GFLOP/s on Q4_K at 512 rows) */
 
 /* Products of fewer rows of x than this take the tiles (vl_matmul_quantized): below it the
- * panel's unpacking costs more than the tiles' decoding (Q4_K and Q6_K, 8192 x 2048, AVX-512
- * EPYC, 2 threads: even at 16 rows, 1.5x the tiles at 32, 2x at 64 and up). */
-#define GEMM16_MIN_ROWS 32
+ * panel's unpacking costs more than the tiles' decoding. Measured over a whole model's
+ * products in forward order, the weights streamed from memory (AVX-512 EPYC, 2 threads):
+ * the default model's Q4_1 and Q8_0, tiles faster up to 5 rows, even at 6, the GEMM 1.1x
+ * at 8 rows, 1.5x at 16, 1.8x at 31; a 1B Llama's Q4_K and Q6_K, tiles faster up to 8 rows
+ * (1.25x), the GEMM 1.2x at 12, 1.35x at 16 (the K-quants' tiles are the stronger). */
+static inline int gemm16_min_rows(int qtype) { return TYPES[qtype].values == 256 ? 12 : 8; }
 
 /* Values per float scale: Q6_K keeps its sub-scales as floats (per 16 values). */
 static inline int gemm16_group(int qtype) { return qtype == VL_Q6_K ? 16 : 32; }
@@ -103,10 +106,14 @@ static inline __attribute__((always_inline)) __m512i gemm16_chunk(int qtype, con
     return _mm512_mullo_epi16(v, sub);
 }
 
-/* Unpacks rows n0 .. n0 + rows (rows <= GEMM16_ROWS; the panel's other rows are zero). */
+/* Unpacks rows n0 .. n0 + rows (rows <= GEMM16_ROWS; the panel's other rows are zero),
+ * and prefetches the next panel's first next_rows rows (<= 0: none), block by block as it
+ * reads this panel's: with few rows of x the product streams W from memory, 32 rows at a
+ * time, more streams than the hardware prefetchers follow. */
 static inline __attribute__((always_inline)) void gemm16_unpack(int qtype, const uint8_t *w, int64_t row_bytes, int64_t rows,
-                          int64_t K, gemm16_panel *panel) {
+                          int64_t next_rows, int64_t K, gemm16_panel *panel) {
     const int values = TYPES[qtype].values, bytes = TYPES[qtype].bytes, chunks = values / 32;
+    const uint8_t *next = w + GEMM16_ROWS * row_bytes;
     const int group = gemm16_group(qtype), offset_values = gemm16_offset_values(qtype);
     const int has_offset = gemm16_has_offset(qtype), bias = gemm16_bias(qtype);
     for (int64_t blk = 0; blk < K / values; blk++) {
@@ -125,6 +132,9 @@ static inline __attribute__((always_inline)) void gemm16_unpack(int qtype, const
                     }
                     continue;
                 }
+                if (row < next_rows)
+                    for (int line = 0; line < bytes; line += 64)
+                        _mm_prefetch((const char *)next + row * row_bytes + blk * bytes + line, _MM_HINT_T0);
                 int8_block block;
                 int8_decode(qtype, w + row * row_bytes + blk * bytes, &block);
                 for (int c = 0; c < chunks; c++) {
@@ -213,7 +223,7 @@ static inline __attribute__((always_inline)) void gemm16_rows(int qtype, const i
     const int64_t row_bytes = K / TYPES[qtype].values * TYPES[qtype].bytes;
     for (int64_t p = p0; p < p1; p++) {
         const int64_t n0 = p * GEMM16_ROWS, cols = N - n0 < GEMM16_ROWS ? N - n0 : GEMM16_ROWS;
-        gemm16_unpack(qtype, w + n0 * row_bytes, row_bytes, cols, K, &panel);
+        gemm16_unpack(qtype, w + n0 * row_bytes, row_bytes, cols, N - n0 - GEMM16_ROWS, K, &panel);
         int64_t m = 0;
         for (; m + GEMM16_MR <= M; m += GEMM16_MR) GEMM16_TILE(GEMM16_MR);
         switch (M - m) {
@@ -284,7 +294,7 @@ static int gemm16(int qtype, const int8_row *x, int64_t M, int64_t K, const uint
  * without AVX-512 VNNI, or not a quantized type). */
 int vl_int16_gemm_rows(int qtype) {
 #if defined(GEMM16)
-    return qtype >= 0 && qtype < VL_NUM_TYPES && GEMM16_ROWS_FN[qtype] != NULL ? GEMM16_MIN_ROWS : 0;
+    return qtype >= 0 && qtype < VL_NUM_TYPES && GEMM16_ROWS_FN[qtype] != NULL ? gemm16_min_rows(qtype) : 0;
 #else
     (void)qtype;
     return 0;

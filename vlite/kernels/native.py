@@ -199,8 +199,9 @@ class GGUFBlockKernels:
 
     def int16_gemm_rows(self, qtype: str) -> int:
         """Rows from which products of ``qtype`` with int16 activations run as the library's
-        int16 GEMM (``int16_gemm.h``: AVX-512 VNNI; each row's bits then independent of the
-        batch again, but not those of the tiles below), rather than the tiles; 0 where the
+        int16 GEMM (``int16_gemm.h``: AVX-512 VNNI; 8 for the 32-value types, 12 for the
+        256-value ones, where it overtakes the tiles; each row's bits then independent of
+        the batch again, but not those of the tiles below), rather than the tiles; 0 where the
         library has none, so those products keep the tiles up to :meth:`quantized_rows` and
         the float32 panels beyond."""
         return int(self._lib.vl_int16_gemm_rows(BLOCK_TYPES[qtype]))

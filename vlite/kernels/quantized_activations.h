@@ -1009,7 +1009,7 @@ int vl_matmul_quantized(int qtype, int bits, const float *x, int64_t M, int64_t 
         return -1;
     }
 #if defined(GEMM16)
-    const int many_rows = bits == 16 && M >= GEMM16_MIN_ROWS;
+    const int many_rows = bits == 16 && M >= gemm16_min_rows(qtype);
     const int order = many_rows ? INT16_IN_ORDER : int16_order(qtype);
 #else
     const int many_rows = 0, order = int16_order(qtype);
