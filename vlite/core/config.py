@@ -168,9 +168,9 @@ class VliteConfig(BaseSettings):
         gt=0,
         description="With chunked prefill, a target in milliseconds for each running "
         "stream's gap between tokens: a step that carries decodes takes only as many prompt "
-        "tokens as the steps measured so far say fit the target (at least 16); a step "
-        "without decodes takes the whole budget. Default: none (each step takes what the "
-        "token budget allows).",
+        "tokens as the steps measured so far say fit the target (at least 16, and at least "
+        "what fits in 2.5 times the decodes' own time); a step without decodes takes the "
+        "whole budget. Default: none (each step takes what the token budget allows).",
     )
 
     speculative_config: SpeculativeConfig | None = Field(

@@ -52,6 +52,12 @@ API_1_SCHEDULERS_END = "2027-06-30"
 #: of 16), so that prompts progress even where the decodes alone exceed the target (holding
 #: prompts back until the decodes drain left steps of one or two streams, and cost more).
 MIN_PROMPT_TOKENS_BESIDE_DECODES = 16
+#: Under ``max_itl_ms`` a step beside decodes may always last this many times its decodes'
+#: own measured time, whatever the target: where the decodes alone come near the target (a
+#: larger model, a slower host), prompts still prefill in chunks that use the step well. (On
+#: the default model's batch of 8, 24 ms, the 60 ms target is exactly 2.5 times; chunks of
+#: 16 tokens there cost twice a 128-token chunk's time per token.)
+MIN_STEP_OVER_DECODES = 2.5
 
 
 @dataclass(frozen=True)
@@ -91,9 +97,10 @@ class SchedulerLimits:
             decodes (each running stream's gap between tokens): such a step takes only as
             many prompt tokens as the steps run so far say fit in it
             (:class:`~vlite.core.step_cost.StepCostModel`; at least
-            :data:`MIN_PROMPT_TOKENS_BESIDE_DECODES`); a step without decodes takes the whole
-            budget. Steps are measured where the engine runs one batch at a time (with a
-            batch queue none is, and nothing is capped). ``None``: no target.
+            :data:`MIN_PROMPT_TOKENS_BESIDE_DECODES`, and at least what fits in
+            :data:`MIN_STEP_OVER_DECODES` times the decodes' time); a step without decodes
+            takes the whole budget. Steps are measured where the engine runs one batch at a
+            time (with a batch queue none is, and nothing is capped). ``None``: no target.
     """
 
     max_num_seqs: int
@@ -297,7 +304,9 @@ class Scheduler:
             return step.budget
         if step.prompt_token_cap is None:
             assert self.step_cost is not None  # made with the target
-            within = self.step_cost.prompt_tokens_within(target / 1000, step.num_decode_tokens)
+            decode_seconds = self.step_cost.decode_seconds(step.num_decode_tokens) or 0.0
+            seconds = max(target / 1000, MIN_STEP_OVER_DECODES * decode_seconds)
+            within = self.step_cost.prompt_tokens_within(seconds, step.num_decode_tokens)
             step.prompt_token_cap = (
                 step.budget + step.num_prefill_tokens  # not measured yet: no cap
                 if within is None

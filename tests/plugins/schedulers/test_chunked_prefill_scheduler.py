@@ -9,7 +9,12 @@ import pytest
 from vlite.core.errors import PluginError
 from vlite.core.kv_cache import KVCacheManager
 from vlite.core.request import Request
-from vlite.core.scheduler import MIN_PROMPT_TOKENS_BESIDE_DECODES, SchedulerLimits, build_scheduler
+from vlite.core.scheduler import (
+    MIN_PROMPT_TOKENS_BESIDE_DECODES,
+    MIN_STEP_OVER_DECODES,
+    SchedulerLimits,
+    build_scheduler,
+)
 from vlite.core.step_cost import StepCostModel
 from vlite.plugins.schedulers.chunked_prefill import ChunkedPrefillPolicy
 from vlite.plugins.schedulers.fcfs import FcfsPolicy
@@ -233,15 +238,15 @@ def test_a_subclass_written_for_plugin_api_1_still_works_and_is_deprecated():
     assert driver.outputs == driver.expected
 
 
-def itl_driver(max_itl_ms: float, budget: int = 64) -> SchedulerDriver:
-    """Two streams decoding, the step costs known: 25 ms for their decodes, 1 ms a prompt
-    token."""
+def itl_driver(max_itl_ms: float, budget: int = 64, ms_per_token: float = 1.0) -> SchedulerDriver:
+    """Two streams decoding, the step costs known: 25 ms for their decodes, ``ms_per_token``
+    a prompt token."""
     kv_cache = KVCacheManager(128, 4)
     limits = SchedulerLimits(8, budget, 256, True, max_itl_ms=max_itl_ms)
     driver = SchedulerDriver(build_scheduler(ChunkedPrefillPolicy, limits, kv_cache), kv_cache)
     cost = driver.scheduler.step_cost
     cost.observe(2, 0, 0.025)
-    cost.observe(2, 10, 0.035)
+    cost.observe(2, 10, 0.025 + 10 * ms_per_token / 1000)
     return driver
 
 
@@ -255,10 +260,10 @@ def step_with_two_decodes_and_a_long_prompt(driver: SchedulerDriver) -> dict[str
 
 
 def test_a_target_caps_the_prompt_tokens_beside_decodes():
-    driver = itl_driver(max_itl_ms=45)
+    driver = itl_driver(max_itl_ms=75)
     scheduled = step_with_two_decodes_and_a_long_prompt(driver)
     assert scheduled["a"] == scheduled["b"] == 1
-    assert scheduled["long"] == 20  # (45 - 25) ms at 1 ms a token
+    assert scheduled["long"] == 50  # (75 - 25) ms at 1 ms a token
     driver.run()
     assert driver.outputs == driver.expected
 
@@ -269,11 +274,18 @@ def test_a_step_without_decodes_takes_the_whole_budget_under_a_target():
     assert driver.step().scheduler_output.num_scheduled_tokens["long"] == 64
 
 
-def test_a_target_below_the_decodes_still_lets_prompts_progress():
+def test_a_target_near_the_decodes_still_gives_prompts_a_share_of_the_step():
     driver = itl_driver(max_itl_ms=26)
     scheduled = step_with_two_decodes_and_a_long_prompt(driver)
+    # the step may last MIN_STEP_OVER_DECODES times its decodes' 25 ms: 37.5 ms of prompt
+    assert scheduled["long"] == int((MIN_STEP_OVER_DECODES - 1) * 25)
+    assert driver.scheduler.last_step_stats.num_prefill_tokens == scheduled["long"]
+
+
+def test_prompt_tokens_that_cost_more_than_that_still_progress_a_block_a_step():
+    driver = itl_driver(max_itl_ms=26, ms_per_token=5.0)
+    scheduled = step_with_two_decodes_and_a_long_prompt(driver)
     assert scheduled["long"] == MIN_PROMPT_TOKENS_BESIDE_DECODES
-    assert driver.scheduler.last_step_stats.num_prefill_tokens == 16
 
 
 def test_without_a_target_or_measurements_the_budget_decides():
