@@ -32,11 +32,12 @@
 #define GEMM16_MR 4 /* (6 measured no better: 337 against 358 GFLOP/s on Q4_K at 512 rows) */
 
 /* Products of fewer rows of x than this take the tiles (vl_matmul_quantized): below it the
- * panel's unpacking costs more than the tiles' decoding. Measured over a whole model's
- * products in forward order, the weights streamed from memory (AVX-512 EPYC, 2 threads):
- * the default model's Q4_1 and Q8_0, tiles faster up to 5 rows, even at 6, the GEMM 1.1x
- * at 8 rows, 1.5x at 16, 1.8x at 31; a 1B Llama's Q4_K and Q6_K, tiles faster up to 8 rows
- * (1.25x), the GEMM 1.2x at 12, 1.35x at 16 (the K-quants' tiles are the stronger). */
+ * panel's unpacking costs more than the tiles' decoding. Measured over a whole file's
+ * products in forward order, the weights streamed from memory (benchmarks/model_products.py,
+ * AVX-512 EPYC, 2 threads): the default model's Q4_1 and Q8_0, tiles faster up to 5 rows,
+ * about even at 6 to 8, the GEMM 1.45x at 16 and 1.8x at 31; a 1B Llama's Q4_K and Q6_K,
+ * tiles faster up to 8 rows (1.2x), the GEMM 1.3-1.5x at 12 and 1.4-1.6x at 16 (the
+ * K-quants' tiles are the stronger). */
 static inline int gemm16_min_rows(int qtype) { return TYPES[qtype].values == 256 ? 12 : 8; }
 
 /* Values per float scale: Q6_K keeps its sub-scales as floats (per 16 values). */
