@@ -113,7 +113,7 @@ def test_a_row_gives_the_same_bits_alone_or_in_any_batch(kernels, qtype, activat
     x = torch.randn(num_rows, cols, generator=torch.Generator().manual_seed(15))
     product = kernels.product(qtype, blocks, 37, cols, activations)
     alone = torch.cat([product(x[i : i + 1]) for i in range(len(x))])
-    for rows in (2, 3, 5, 7, 8, len(x)):
+    for rows in sorted({2, 3, 5, 7, 8, len(x)} & set(range(2, len(x) + 1))):
         assert torch.equal(product(x[:rows]), alone[:rows]), rows
 
 
