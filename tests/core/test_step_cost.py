@@ -52,3 +52,17 @@ def test_empty_or_timeless_steps_are_ignored_and_bad_smoothing_is_refused():
     assert cost.decode_seconds(4) is None
     with pytest.raises(ValueError, match="smoothing=0"):
         StepCostModel(smoothing=0)
+
+
+def test_the_estimate_interpolates_between_sizes_seen_and_holds_beyond_them():
+    model = StepCostModel()
+    assert model.estimated_decode_seconds(3) is None
+    model.observe(1, 0, 0.006)
+    model.observe(5, 0, 0.014)
+    assert model.estimated_decode_seconds(3) == pytest.approx(0.010)
+    assert model.estimated_decode_seconds(5) == pytest.approx(0.014)
+    # Beyond the sizes seen: the nearest one's (a larger step is tried, then measured).
+    assert model.estimated_decode_seconds(9) == pytest.approx(0.014)
+    model.observe(2, 0, 0.007)
+    assert model.estimated_decode_seconds(1) == pytest.approx(0.006)
+    assert model.decode_seconds(3) == pytest.approx(0.014)  # the cap's reading is unchanged

@@ -65,10 +65,10 @@ def test_replayed_decode_steps_give_the_eager_tokens_exactly(quantized_gguf, mon
     # On x86-64 Linux every recorded call (norms with a float, attention with 26
     # arguments and the thread count) is replayed by the C loop.
     on_c = call_replay._library() is not None
-    assert len(compiled) == 5 and all(replay.calls_in_c == on_c for replay in compiled)
-    assert "CPU step replay: 5 decode batch sizes (1-16)" in capsys.readouterr().err
-    assert _worker(llm).runner.decode_graphs.sizes == (1, 2, 4, 8, 16)
-    # Five prompts decode as a batch of 5 (padded to 8), then one alone.
+    assert len(compiled) == 16 and all(replay.calls_in_c == on_c for replay in compiled)
+    assert "CPU step replay: 16 decode batch sizes (1-16)" in capsys.readouterr().err
+    assert _worker(llm).runner.decode_graphs.sizes == tuple(range(1, 17))
+    # Five prompts decode as a batch of 5, then one alone.
     assert _greedy(llm, PROMPTS) + _greedy(llm, PROMPTS[:1]) == expected
     assert 5 in replays and 1 in replays  # decode steps did replay
 
@@ -222,5 +222,5 @@ def test_a_quantized_qwen3_with_its_qk_norms_replays_the_eager_tokens(tmp_path, 
     eager = _greedy(LLM(model=path, num_kv_blocks=32, enforce_eager=True), PROMPTS)
     capsys.readouterr()
     llm = LLM(model=path, num_kv_blocks=32)
-    assert "CPU step replay: 5 decode batch sizes (1-16)" in capsys.readouterr().err
+    assert "CPU step replay: 16 decode batch sizes (1-16)" in capsys.readouterr().err
     assert _greedy(llm, PROMPTS) == eager

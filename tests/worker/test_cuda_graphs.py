@@ -83,7 +83,7 @@ def test_replayed_decodes_give_the_eager_tokens():
     worker = llm.llm_engine.engine_core.executor.worker
     assert worker.cuda_graphs_unavailable_reason() is None
     capturer = RerunCapturer()
-    report = worker.runner.capture_decode_graphs(4, 512, capturer)
+    report = worker.runner.capture_decode_graphs(capture_sizes(4), 512, capturer)
     assert report.sizes == (1, 2, 4)
     assert _greedy_tokens(llm, prompts) == eager
     # Six requests decode eagerly until at most four remain, which replay (padded to 4, 2, 1).

@@ -8,12 +8,19 @@ last token computed) and every edit of its logits follows the drafts before a ro
 rows is then sampled exactly as it would be as the request's next token (penalties and
 logits processors read the drafts before the row, logprobs are taken per row), so the
 drafts the samples agree with are the model's own tokens.
+
+How many of a proposal's drafts a request verifies is the :class:`DraftBudget`'s call (the
+count that yields the most tokens a second, from measured step costs and the request's
+measured acceptance). A proposer that drafts in the workers (a draft model) costs a
+forward per draft whether or not they are verified, so the :class:`SpeculationGovernor`
+pauses it instead, while its steps measure slower than steps without drafts.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vlite.core.draft_budget import DraftBudget
 from vlite.core.errors import PluginError
 from vlite.core.grammar_gate import drafts_the_grammar_accepts
 from vlite.core.outputs import EngineCoreOutputs
@@ -31,13 +38,15 @@ from vlite.core.speculation_governor import SpeculationGovernor
 @dataclass(frozen=True)
 class StepTiming:
     """How a finished step went: its wall time, whether it verified drafts, whether it
-    computed decode tokens only (no prompt tokens), and whether the workers drafted in it
-    (a :class:`WorkerProposer`'s drafts)."""
+    computed decode tokens only (no prompt tokens), whether the workers drafted in it
+    (a :class:`WorkerProposer`'s drafts), and how many decode tokens (drafts included) it
+    computed."""
 
     seconds: float
     had_drafts: bool
     is_decode_only: bool
     made_drafts: bool = False
+    num_decode_tokens: int = 0
 
 
 class DraftSource:
@@ -53,7 +62,9 @@ class DraftSource:
         self.proposer = proposer
         self.config = config
         self.scheduler = scheduler
-        #: Pauses drafting while it measures slower than decoding without it.
+        #: Trims proposals made here to the drafts that pay.
+        self.budget = DraftBudget()
+        #: Pauses a worker proposer while drafting measures slower than decoding without.
         self.governor = SpeculationGovernor()
         self._known: set[str] = set()
 
@@ -62,23 +73,26 @@ class DraftSource:
         outputs: EngineCoreOutputs,
         step: StepTiming | None = None,
         worker_drafts: dict[str, list[int]] | None = None,
+        verified: dict[str, list[int]] | None = None,
     ) -> None:
         """Give the running requests that may speculate their next drafts. ``step``: how
-        the step just finished went, for the :class:`SpeculationGovernor`;
-        ``worker_drafts``: the drafts the workers made in it (a :class:`WorkerProposer`'s).
+        the step just finished went (its time feeds the :class:`DraftBudget` or the
+        :class:`SpeculationGovernor`); ``worker_drafts``: the drafts the workers made in it
+        (a :class:`WorkerProposer`'s); ``verified``: the drafts it verified, per request.
         A :class:`WorkerProposer`'s requests are also told how many drafts the workers make
         for them in the next step (``Request.num_worker_drafts``)."""
         self._forget_ended()
         in_worker = isinstance(self.proposer, WorkerProposer)
-        # A worker proposer's steps either verify and draft, or neither; the step on either
-        # side of a pause does one of the two, and is like neither kind.
-        if (
-            step is not None
-            and step.is_decode_only
-            and (not in_worker or step.had_drafts == step.made_drafts)
-        ):
-            num_tokens = sum(len(output.new_token_ids) for output in outputs.outputs)
-            self.governor.record(step.seconds, num_tokens, step.had_drafts)
+        if step is not None and step.is_decode_only:
+            if not in_worker:
+                self.budget.observe_step(step.num_decode_tokens, step.seconds)
+            # A worker proposer's steps either verify and draft, or neither; the step on
+            # either side of a pause does one of the two, and is like neither kind.
+            elif step.had_drafts == step.made_drafts:
+                num_tokens = sum(len(output.new_token_ids) for output in outputs.outputs)
+                self.governor.record(step.seconds, num_tokens, step.had_drafts)
+        if not in_worker:
+            self.budget.observe_outputs(verified or {}, outputs.outputs)
         running = self.scheduler.running
         if in_worker:
             self.proposer.receive(worker_drafts or {})
@@ -87,7 +101,7 @@ class DraftSource:
         disable_at = self.config.disable_by_batch_size
         if disable_at is not None and len(running) >= disable_at:
             return
-        if not self.governor.allows_drafts():
+        if in_worker and not self.governor.allows_drafts():
             return
         asks = {}
         for request in running:
@@ -96,8 +110,10 @@ class DraftSource:
                 asks[request.request_id] = (request, ask)
         if not asks:
             return
-        answers = self.proposer.propose([ask for _, ask in asks.values()])
-        for request_id, drafts in self._checked(answers, asks).items():
+        answers = self._checked(self.proposer.propose([ask for _, ask in asks.values()]), asks)
+        if not in_worker:
+            answers = self.budget.choose(answers, len(running))
+        for request_id, drafts in answers.items():
             request = asks[request_id][0]
             if request.structured_output is not None and drafts:
                 drafts = drafts_the_grammar_accepts(request, drafts)
@@ -156,3 +172,4 @@ class DraftSource:
         if ended:
             self._known.difference_update(ended)
             self.proposer.finish_requests(ended)
+            self.budget.forget(ended)

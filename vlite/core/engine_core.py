@@ -304,8 +304,14 @@ class EngineCore:
                 bool(scheduler_output.spec_token_ids),
                 stats is not None and stats.num_prefill_tokens == 0,
                 bool(scheduler_output.num_lookahead_tokens),
+                stats.num_decode_tokens if stats is not None else 0,
             )
-            self.drafts.propose(outputs, timing, model_runner_output.draft_token_ids)
+            self.drafts.propose(
+                outputs,
+                timing,
+                model_runner_output.draft_token_ids,
+                scheduler_output.spec_token_ids,
+            )
         self.step_totals.add(self.scheduler.last_step_stats, outputs, accepted)
         if record is not None:
             record = dataclasses.replace(record, accepted_per_position=tuple(accepted))
@@ -355,7 +361,12 @@ class EngineCore:
         outputs = self.scheduler.update_from_output(batch.scheduler_output, runner_output)
         accepted = self.scheduler.last_accepted_per_position
         if self.drafts is not None:  # (batches overlap: no step time for the governor)
-            self.drafts.propose(outputs, None, runner_output.draft_token_ids)
+            self.drafts.propose(
+                outputs,
+                None,
+                runner_output.draft_token_ids,
+                batch.scheduler_output.spec_token_ids,
+            )
         self.step_totals.add(batch.stats, outputs, accepted)
         if batch.record is not None:
             record = dataclasses.replace(batch.record, accepted_per_position=tuple(accepted))

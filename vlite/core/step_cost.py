@@ -12,10 +12,15 @@ the steps already run, each an exponential moving average:
 A step of ``d`` decode tokens may then carry ``(target - decode_time(d)) / per_token``
 prompt tokens. Until both figures exist the model has no answer and the step takes what
 the budget allows, which is what gives it its first observations.
+
+Speculative decoding asks the other way round (:mod:`vlite.core.draft_budget`): what a
+decode step of ``d`` tokens (its requests' last tokens and their drafts) would cost, for
+sizes not run yet too: :meth:`StepCostModel.estimated_decode_seconds`.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 
 #: Weight of the newest observation in each moving average.
@@ -56,6 +61,22 @@ class StepCostModel:
             return None
         larger = [size for size in self._decode_seconds if size >= num_decode_tokens]
         return self._decode_seconds[min(larger) if larger else max(self._decode_seconds)]
+
+    def estimated_decode_seconds(self, num_decode_tokens: int) -> float | None:
+        """Seconds of a decode-only step of that many decode tokens, interpolated between
+        the nearest sizes observed; beyond them, the nearest size's (above the largest that
+        is optimistic, so a larger step gets tried and measured); None before any
+        decode-only step."""
+        sizes = sorted(self._decode_seconds)
+        if not sizes:
+            return None
+        index = bisect.bisect_left(sizes, num_decode_tokens)
+        if index == len(sizes) or sizes[index] == num_decode_tokens or index == 0:
+            return self._decode_seconds[sizes[min(index, len(sizes) - 1)]]
+        low, high = sizes[index - 1], sizes[index]
+        share = (num_decode_tokens - low) / (high - low)
+        low_seconds, high_seconds = self._decode_seconds[low], self._decode_seconds[high]
+        return low_seconds + share * (high_seconds - low_seconds)
 
     def prompt_tokens_within(self, seconds: float, num_decode_tokens: int) -> int | None:
         """How many prompt tokens a step of ``num_decode_tokens`` decode tokens can carry

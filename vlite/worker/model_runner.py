@@ -17,7 +17,6 @@ from vlite.worker.cuda_graphs import (
     DecodeGraphs,
     DecodeInputBuffers,
     GraphCapturer,
-    capture_sizes,
 )
 from vlite.worker.draft_model import DraftModel
 from vlite.worker.draft_verification import drafts_before_rows, verify_drafts
@@ -94,13 +93,14 @@ class ModelRunner:
 
     @torch.inference_mode()
     def capture_decode_graphs(
-        self, largest: int, max_seq_len: int, capturer: GraphCapturer
+        self, sizes: tuple[int, ...], max_seq_len: int, capturer: GraphCapturer
     ) -> CaptureReport:
-        """Capture the decode forward for every size of ``capture_sizes(largest)`` over
-        the allocated KV cache; later decode steps of at most ``largest`` sequences replay.
+        """Capture the decode forward for every batch size of ``sizes`` over the allocated
+        KV cache; later decode steps of at most ``max(sizes)`` sequences replay (padded to
+        the next size captured).
 
         Args:
-            largest: the largest decode batch captured.
+            sizes: the decode batch sizes captured (:func:`capture_sizes` on CUDA).
             max_seq_len: the longest context a replayed step may have.
             capturer: how graphs are made (:class:`~vlite.worker.cuda_graphs.GraphCapturer`).
 
@@ -109,13 +109,13 @@ class ModelRunner:
                 (:class:`~vlite.worker.cpu_graphs.NativeCallCapturer`); nothing is replayed.
         """
         max_blocks = -(-max_seq_len // self.block_size)
-        buffers = DecodeInputBuffers(largest, max_blocks, self.device)
+        buffers = DecodeInputBuffers(max(sizes), max_blocks, self.device)
 
         def forward(input_ids, positions, metadata):
             return self.model.forward(input_ids, positions, self.kv_caches, metadata)
 
         graphs = DecodeGraphs(forward, buffers, max_seq_len, capturer)
-        report = graphs.capture(capture_sizes(largest))
+        report = graphs.capture(sizes)
         self.decode_graphs = graphs
         return report
 

@@ -30,7 +30,7 @@ from vlite.worker.cpu_threads import (
     resolve_cpu_threads,
     use_cpu_threads,
 )
-from vlite.worker.cuda_graphs import CaptureReport, CudaGraphCapturer
+from vlite.worker.cuda_graphs import CaptureReport, CudaGraphCapturer, capture_sizes
 from vlite.worker.draft_model import DraftModel
 from vlite.worker.logits_processors import LogitsProcessorPipeline
 from vlite.worker.model_runner import ModelRunner
@@ -274,17 +274,18 @@ class Worker:
             print(f"CUDA graphs: off ({reason})", file=sys.stderr, flush=True)
             return
         self.cuda_graph_report = self.runner.capture_decode_graphs(
-            self.config.resolved_max_cudagraph_capture_size,
+            capture_sizes(self.config.resolved_max_cudagraph_capture_size),
             self.model_spec.max_model_len,
             CudaGraphCapturer(),
         )
         print(self.cuda_graph_report.describe(), file=sys.stderr, flush=True)
 
     def _record_cpu_decode_steps(self) -> None:
-        """Record the C calls of decode steps of up to :data:`CPU_REPLAY_MAX_SEQS` sequences
-        (padded to 1, 2, 4, 8, 16: a few rows more cost little in products that stream the
-        weights once), when the model's forward computes in the C kernels only (see
-        :mod:`vlite.worker.cpu_graphs`); the draft model's too, if there is one."""
+        """Record the C calls of decode steps of every size up to :data:`CPU_REPLAY_MAX_SEQS`
+        sequences (no padding: a padding row costs a product row's arithmetic, and a step
+        that verifies 4 drafts is a decode of 5), when the model's forward computes in the C
+        kernels only (see :mod:`vlite.worker.cpu_graphs`); the draft model's too, if there
+        is one."""
         report = self._record_cpu_decode_steps_of(self.runner, "")
         if report is not None:
             self.cuda_graph_report = report
@@ -296,8 +297,9 @@ class Worker:
         reason = self.cpu_replay_unavailable_reason(runner.model)
         if reason is None:
             try:
+                largest = min(self.config.max_num_seqs, CPU_REPLAY_MAX_SEQS)
                 report = runner.capture_decode_graphs(
-                    min(self.config.max_num_seqs, CPU_REPLAY_MAX_SEQS),
+                    tuple(range(1, largest + 1)),
                     self.model_spec.max_model_len,
                     NativeCallCapturer(),
                 )
