@@ -62,15 +62,19 @@ def test_replayed_decode_steps_give_the_eager_tokens_exactly(quantized_gguf, mon
     real_compile = cpu_graphs.compile_replay
     monkeypatch.setattr(cpu_graphs, "compile_replay", spying_compile)
     llm = LLM(model=quantized_gguf, num_kv_blocks=32)
+    assert "CPU step replay: 16 decode batch sizes (1-16) recorded by their first steps" in (
+        capsys.readouterr().err
+    )
+    assert _worker(llm).runner.decode_graphs.sizes == tuple(range(1, 17))
+    assert compiled == []  # each size is recorded by its first step
+    # Five prompts decode as a batch of 5, then one alone: the first step of each size
+    # records it (and computes its tokens), the next ones replay.
+    assert _greedy(llm, PROMPTS) + _greedy(llm, PROMPTS[:1]) == expected
+    assert replays.count(5) >= 2 and replays.count(1) >= 2
     # On x86-64 Linux every recorded call (norms with a float, attention with 26
     # arguments and the thread count) is replayed by the C loop.
     on_c = call_replay._library() is not None
-    assert len(compiled) == 16 and all(replay.calls_in_c == on_c for replay in compiled)
-    assert "CPU step replay: 16 decode batch sizes (1-16)" in capsys.readouterr().err
-    assert _worker(llm).runner.decode_graphs.sizes == tuple(range(1, 17))
-    # Five prompts decode as a batch of 5, then one alone.
-    assert _greedy(llm, PROMPTS) + _greedy(llm, PROMPTS[:1]) == expected
-    assert 5 in replays and 1 in replays  # decode steps did replay
+    assert len(compiled) == 2 and all(replay.calls_in_c == on_c for replay in compiled)
 
 
 def test_a_forward_pytorch_computes_in_runs_eagerly_and_says_why(

@@ -7,8 +7,9 @@ computing step of the forward is a C call of :mod:`vlite.kernels.native`, the fo
 fixed list of those calls over fixed buffers, like a CUDA graph's kernels: this module
 records it (:class:`NativeCallCapturer`, a :class:`~vlite.worker.cuda_graphs.GraphCapturer`)
 and replays it without the Python around it. :class:`~vlite.worker.cuda_graphs.DecodeGraphs`
-does the rest exactly as for CUDA graphs (persistent inputs rewritten in place, one
-recording per batch size, eager for everything else).
+does the rest as for CUDA graphs (persistent inputs rewritten in place, one recording per
+batch size, eager for everything else), except that a size is recorded by the first step of
+that size, not at start: a recording runs the forward, so that step computes as it records.
 
 A forward qualifies only if PyTorch computes nothing in it: while recording, a
 torch-function mode lets through views, metadata reads and allocations (cut from one arena
@@ -106,24 +107,39 @@ class NativeCallCapturer:
 
     Satisfies :class:`~vlite.worker.cuda_graphs.GraphCapturer`. Every recording's
     intermediate tensors share one arena (replays never overlap, as CUDA graphs share a
-    pool), sized by the first recording: record the largest batch first. A replay rewrites
-    the outputs of the others. :attr:`retained_bytes`: the memory the recordings keep.
+    pool), sized by :meth:`size_memory` or else by the first recording (record the largest
+    batch first). A replay rewrites the outputs of the others. :attr:`retained_bytes`: the
+    memory the recordings keep.
+
+    A recording runs the callable (the C calls run as they are recorded), so its output is
+    the callable's: :class:`~vlite.worker.cuda_graphs.DecodeGraphs` records each batch size
+    in the first step of that size (:attr:`records_as_it_runs`).
     """
+
+    #: A recording computes the callable's output (see above).
+    records_as_it_runs = True
 
     def __init__(self) -> None:
         self.arena: torch.Tensor | None = None
         self._kept: list[list[torch.Tensor]] = []
         self.retained_bytes = 0
 
+    def size_memory(self, fn: Callable[[], torch.Tensor]) -> None:
+        """Size the shared arena by a run of ``fn`` (the largest recording to come) under
+        the recording's guard; raises :class:`NotCapturable` as :meth:`capture` would."""
+        sizing = _RecordingGuard(None)
+        with native.recording() as calls, sizing:
+            fn()
+        if not calls:
+            raise NotCapturable("the forward makes no C kernel call")
+        self.arena = torch.empty(sizing.used, dtype=torch.uint8)
+        self.retained_bytes += sizing.used
+
     def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], None], torch.Tensor]:
         """``(replay, output)``; raises :class:`NotCapturable` when ``fn`` computes outside
         the C kernels (or makes no C call at all)."""
         if self.arena is None:  # size the arena by a first, discarded recording
-            sizing = _RecordingGuard(None)
-            with native.recording(), sizing:
-                fn()
-            self.arena = torch.empty(sizing.used, dtype=torch.uint8)
-            self.retained_bytes += sizing.used
+            self.size_memory(fn)
         guard = _RecordingGuard(self.arena)
         with native.recording() as calls, guard:
             output = fn()

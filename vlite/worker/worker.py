@@ -283,9 +283,10 @@ class Worker:
     def _record_cpu_decode_steps(self) -> None:
         """Record the C calls of decode steps of every size up to :data:`CPU_REPLAY_MAX_SEQS`
         sequences (no padding: a padding row costs a product row's arithmetic, and a step
-        that verifies 4 drafts is a decode of 5), when the model's forward computes in the C
-        kernels only (see :mod:`vlite.worker.cpu_graphs`); the draft model's too, if there
-        is one."""
+        that verifies 4 drafts is a decode of 5), each by the first step of its size, when
+        the model's forward computes in the C kernels only (see
+        :mod:`vlite.worker.cpu_graphs`; start-up runs the largest once, to size the
+        recordings' memory); the draft model's too, if there is one."""
         report = self._record_cpu_decode_steps_of(self.runner, "")
         if report is not None:
             self.cuda_graph_report = report
