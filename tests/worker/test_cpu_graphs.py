@@ -17,6 +17,7 @@ from vlite.testing.tiny_models import make_tiny_model
 from vlite.worker import cpu_graphs
 from vlite.worker.cpu_graphs import NativeCallCapturer, NotCapturable
 from vlite.worker.cuda_graphs import DecodeGraphs
+from vlite.worker.worker import CPU_REPLAY_MAX_SEQS as MAX
 
 PROMPTS = [[5, 9, 14, 3], [7, 7, 2], [11, 30, 4, 8, 19, 6], [2], [40, 41, 42, 43, 44]]
 
@@ -62,10 +63,10 @@ def test_replayed_decode_steps_give_the_eager_tokens_exactly(quantized_gguf, mon
     real_compile = cpu_graphs.compile_replay
     monkeypatch.setattr(cpu_graphs, "compile_replay", spying_compile)
     llm = LLM(model=quantized_gguf, num_kv_blocks=32)
-    assert "CPU step replay: 16 decode batch sizes (1-16) recorded by their first steps" in (
+    assert f"CPU step replay: {MAX} decode batch sizes (1-{MAX}) recorded by their first steps" in (
         capsys.readouterr().err
     )
-    assert _worker(llm).runner.decode_graphs.sizes == tuple(range(1, 17))
+    assert _worker(llm).runner.decode_graphs.sizes == tuple(range(1, MAX + 1))
     assert compiled == []  # each size is recorded by its first step
     # Five prompts decode as a batch of 5, then one alone: the first step of each size
     # records it (and computes its tokens), the next ones replay.
@@ -226,5 +227,17 @@ def test_a_quantized_qwen3_with_its_qk_norms_replays_the_eager_tokens(tmp_path, 
     eager = _greedy(LLM(model=path, num_kv_blocks=32, enforce_eager=True), PROMPTS)
     capsys.readouterr()
     llm = LLM(model=path, num_kv_blocks=32)
-    assert "CPU step replay: 16 decode batch sizes (1-16)" in capsys.readouterr().err
+    assert f"CPU step replay: {MAX} decode batch sizes (1-{MAX})" in capsys.readouterr().err
     assert _greedy(llm, PROMPTS) == eager
+
+
+@torch.inference_mode()
+def test_the_recordings_memory_is_sized_from_forwards_of_one_and_two_rows(quantized_gguf):
+    llm = LLM(model=quantized_gguf, num_kv_blocks=32)
+    graphs = _worker(llm).runner.decode_graphs
+    capturer = graphs.capturer
+    one, two = (capturer._memory_of(graphs._warmed_up_forward(rows)) for rows in (1, 2))
+    assert two > one > 0
+    assert capturer.arena.numel() == one + (two - one) * (MAX - 1)
+    # Every intermediate tensor's size is affine in the rows: the largest size fits.
+    assert capturer._memory_of(graphs._warmed_up_forward(MAX)) <= capturer.arena.numel()

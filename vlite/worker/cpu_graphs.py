@@ -107,8 +107,8 @@ class NativeCallCapturer:
 
     Satisfies :class:`~vlite.worker.cuda_graphs.GraphCapturer`. Every recording's
     intermediate tensors share one arena (replays never overlap, as CUDA graphs share a
-    pool), sized by :meth:`size_memory` or else by the first recording (record the largest
-    batch first). A replay rewrites the outputs of the others. :attr:`retained_bytes`: the
+    pool), sized by :meth:`size_memory` or else by the first recording (then record the
+    largest batch first). A replay rewrites the outputs of the others. :attr:`retained_bytes`: the
     memory the recordings keep.
 
     A recording runs the callable (the C calls run as they are recorded), so its output is
@@ -124,22 +124,36 @@ class NativeCallCapturer:
         self._kept: list[list[torch.Tensor]] = []
         self.retained_bytes = 0
 
-    def size_memory(self, fn: Callable[[], torch.Tensor]) -> None:
-        """Size the shared arena by a run of ``fn`` (the largest recording to come) under
-        the recording's guard; raises :class:`NotCapturable` as :meth:`capture` would."""
+    def size_memory(
+        self, forward_of: Callable[[int], Callable[[], torch.Tensor]], largest: int
+    ) -> None:
+        """Size the shared arena for recordings of up to ``largest`` rows, from runs of
+        ``forward_of(1)()`` and ``forward_of(2)()`` under the recording's guard: every
+        intermediate tensor of a forward has a size affine in its rows, so the two give
+        the largest's (a recording that needs more keeps its own tensors). Raises
+        :class:`NotCapturable` as :meth:`capture` would."""
+        used = [self._memory_of(forward_of(rows)) for rows in range(1, min(largest, 2) + 1)]
+        per_row = used[1] - used[0] if len(used) == 2 else 0
+        nbytes = used[0] + per_row * (largest - 1)
+        self.arena = torch.empty(nbytes, dtype=torch.uint8)  # untouched until recorded into
+        self.retained_bytes += nbytes
+
+    @staticmethod
+    def _memory_of(fn: Callable[[], torch.Tensor]) -> int:
+        """The arena bytes a recording of ``fn`` takes (a run under the guard)."""
         sizing = _RecordingGuard(None)
         with native.recording() as calls, sizing:
             fn()
         if not calls:
             raise NotCapturable("the forward makes no C kernel call")
-        self.arena = torch.empty(sizing.used, dtype=torch.uint8)
-        self.retained_bytes += sizing.used
+        return sizing.used
 
     def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], None], torch.Tensor]:
         """``(replay, output)``; raises :class:`NotCapturable` when ``fn`` computes outside
         the C kernels (or makes no C call at all)."""
         if self.arena is None:  # size the arena by a first, discarded recording
-            self.size_memory(fn)
+            self.arena = torch.empty(self._memory_of(fn), dtype=torch.uint8)
+            self.retained_bytes += self.arena.numel()
         guard = _RecordingGuard(self.arena)
         with native.recording() as calls, guard:
             output = fn()

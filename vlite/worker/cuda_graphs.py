@@ -198,14 +198,15 @@ class DecodeGraphs:
         on CUDA each is run once eagerly first, so kernels compile outside the capture.
 
         A capturer whose recording is a run of the forward itself (``records_as_it_runs``,
-        the CPU's) records none here: it sizes its shared memory on the largest, and each
-        size is recorded by the first step that replays it, which the recording computes
-        (so start-up costs one forward, whatever the number of sizes)."""
+        the CPU's) records none here: it sizes its shared memory for the largest (from
+        forwards of one and two rows), and each size is recorded by the first step that
+        replays it, which the recording computes (so start-up costs two small forwards,
+        whatever the sizes)."""
         device = self.buffers.input_ids.device
         start = time.perf_counter()
         before = _reserved_bytes(device)
         if getattr(self.capturer, "records_as_it_runs", False):
-            self.capturer.size_memory(self._warmed_up_forward(max(sizes)))
+            self.capturer.size_memory(self._warmed_up_forward, max(sizes))
             self.sizes = tuple(sorted(sizes))
             seconds = time.perf_counter() - start
             retained = self.capturer.retained_bytes
