@@ -383,3 +383,16 @@ def test_run_input_help_names_every_field_a_jsonl_line_takes():
     text = "".join(invoke("run", "--help").output.split())
     for name in (*SAMPLING_PARAM_NAMES, "priority"):
         assert name.replace("_", "") in text.replace("_", ""), name
+
+
+def test_run_takes_no_more_sequences_at_once_than_its_requests_have():
+    from vlite import SamplingParams
+    from vlite.cli.run import sized_for_requests
+    from vlite.core.config import VliteConfig
+
+    prompts = [{"prompt_token_ids": [1, 2, 3]}, {"prompt_token_ids": [4]}]
+    params = [SamplingParams(max_tokens=8, n=2), SamplingParams(max_tokens=8)]
+    config = sized_for_requests(VliteConfig(max_num_seqs=256), 2048, prompts, params)
+    assert config.max_num_seqs == 3 and config.kv_cache_tokens is not None
+    kept = sized_for_requests(VliteConfig(max_num_seqs=2, num_kv_blocks=9), 2048, prompts, params)
+    assert kept.max_num_seqs == 2 and kept.num_kv_blocks == 9

@@ -174,7 +174,9 @@ def sized_for_requests(
     prompts: list[dict[str, Any]],
     params: list[SamplingParams],
 ) -> VliteConfig:
-    """``config`` with ``kv_cache_tokens`` set to what these requests can use.
+    """``config`` with ``kv_cache_tokens`` set to what these requests can use, and
+    ``max_num_seqs`` to at most their sequences (the worker then prepares no larger batch,
+    e.g. records no larger decode step for the CPU step replay).
 
     Every sample of every request (``n`` samples: ``n`` sequences) may hold
     ``min(prompt tokens + max_tokens, max_model_len)`` tokens, rounded up to blocks; the
@@ -183,13 +185,16 @@ def sized_for_requests(
     (``kv_cache_memory_gib``). A size the user set (``num_kv_blocks`` or ``kv_cache_tokens``,
     by flag, environment or config file) is kept as it is.
     """
-    if config.num_kv_blocks is not None or config.kv_cache_tokens is not None:
-        return config
     sequences = [
         (len(prompt["prompt_token_ids"]), request.max_tokens)
         for prompt, request in zip(prompts, params, strict=True)
         for _ in range(request.n)
     ]
+    config = config.model_copy(
+        update={"max_num_seqs": max(1, min(config.max_num_seqs, len(sequences)))}
+    )
+    if config.num_kv_blocks is not None or config.kv_cache_tokens is not None:
+        return config
     tokens = kv_cache_tokens_for_requests(
         sequences,
         max_model_len=max_model_len,

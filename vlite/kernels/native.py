@@ -109,6 +109,8 @@ THREADS = _ThreadCount()
 
 #: The calls being recorded (:func:`recording`), or ``None``.
 _recorded: list[RecordedCall] | None = None
+#: Whether recorded calls run (:func:`recording`).
+_executing = True
 
 
 @dataclass(frozen=True)
@@ -129,20 +131,23 @@ class RecordedCall:
 
 
 @contextlib.contextmanager
-def recording() -> Iterator[list[RecordedCall]]:
-    """Record every C call the kernels make inside the block (they still run), in order.
+def recording(execute: bool = True) -> Iterator[list[RecordedCall]]:
+    """Record every C call the kernels make inside the block, in order; they run too, unless
+    ``execute`` is false (each then returns 0, success: for a caller whose control flow
+    cannot depend on the kernels' results, as a recorded forward's cannot).
 
     The list can be replayed (:class:`RecordedCall`) as long as every pointer it holds
     stays valid: the caller keeps the tensors alive and rewrites inputs in place.
     """
-    global _recorded
+    global _recorded, _executing
     if _recorded is not None:
         raise RuntimeError("the kernels are already being recorded")
-    _recorded = calls = []
+    calls: list[RecordedCall] = []
+    _recorded, _executing = calls, execute
     try:
         yield calls
     finally:
-        _recorded = None
+        _recorded, _executing = None, True
 
 
 def _call(function: Callable[..., int | None], *args) -> int | None:
@@ -153,6 +158,8 @@ def _call(function: Callable[..., int | None], *args) -> int | None:
         threads_at = None
     if _recorded is not None:
         _recorded.append(RecordedCall(function, args, threads_at))
+        if not _executing:
+            return 0
     if threads_at is not None:
         args = args[:threads_at] + (torch.get_num_threads(),) + args[threads_at + 1 :]
     return function(*args)

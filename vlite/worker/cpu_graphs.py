@@ -7,9 +7,12 @@ computing step of the forward is a C call of :mod:`vlite.kernels.native`, the fo
 fixed list of those calls over fixed buffers, like a CUDA graph's kernels: this module
 records it (:class:`NativeCallCapturer`, a :class:`~vlite.worker.cuda_graphs.GraphCapturer`)
 and replays it without the Python around it. :class:`~vlite.worker.cuda_graphs.DecodeGraphs`
-does the rest as for CUDA graphs (persistent inputs rewritten in place, one recording per
-batch size, eager for everything else), except that a size is recorded by the first step of
-that size, not at start: a recording runs the forward, so that step computes as it records.
+does the rest exactly as for CUDA graphs (persistent inputs rewritten in place, one
+recording per batch size, eager for everything else). As a CUDA graph's capture launches
+nothing, a recording runs none of the kernels (:func:`vlite.kernels.native.recording` with
+``execute=False``: the guard below refuses any read of a computed value, so the forward's
+Python cannot depend on them), so recording a size costs its Python only, whatever the
+model.
 
 A forward qualifies only if PyTorch computes nothing in it: while recording, a
 torch-function mode lets through views, metadata reads and allocations (cut from one arena
@@ -108,16 +111,9 @@ class NativeCallCapturer:
     Satisfies :class:`~vlite.worker.cuda_graphs.GraphCapturer`. Every recording's
     intermediate tensors share one arena (replays never overlap, as CUDA graphs share a
     pool), sized by :meth:`size_memory` or else by the first recording (then record the
-    largest batch first). A replay rewrites the outputs of the others. :attr:`retained_bytes`: the
-    memory the recordings keep.
-
-    A recording runs the callable (the C calls run as they are recorded), so its output is
-    the callable's: :class:`~vlite.worker.cuda_graphs.DecodeGraphs` records each batch size
-    in the first step of that size (:attr:`records_as_it_runs`).
+    largest batch first). A replay rewrites the outputs of the others.
+    :attr:`retained_bytes`: the memory the recordings keep.
     """
-
-    #: A recording computes the callable's output (see above).
-    records_as_it_runs = True
 
     def __init__(self) -> None:
         self.arena: torch.Tensor | None = None
@@ -127,35 +123,36 @@ class NativeCallCapturer:
     def size_memory(
         self, forward_of: Callable[[int], Callable[[], torch.Tensor]], largest: int
     ) -> None:
-        """Size the shared arena for recordings of up to ``largest`` rows, from runs of
-        ``forward_of(1)()`` and ``forward_of(2)()`` under the recording's guard: every
-        intermediate tensor of a forward has a size affine in its rows, so the two give
-        the largest's (a recording that needs more keeps its own tensors). Raises
-        :class:`NotCapturable` as :meth:`capture` would."""
+        """Size the shared arena for recordings of up to ``largest`` rows, from recordings
+        of ``forward_of(1)`` and ``forward_of(2)``: every intermediate tensor of a forward
+        has a size affine in its rows, so the two give the largest's (a recording that
+        needs more keeps its own tensors). Raises :class:`NotCapturable` as
+        :meth:`capture` would."""
         used = [self._memory_of(forward_of(rows)) for rows in range(1, min(largest, 2) + 1)]
         per_row = used[1] - used[0] if len(used) == 2 else 0
         nbytes = used[0] + per_row * (largest - 1)
-        self.arena = torch.empty(nbytes, dtype=torch.uint8)  # untouched until recorded into
+        self.arena = torch.empty(nbytes, dtype=torch.uint8)  # resident as recordings use it
         self.retained_bytes += nbytes
 
     @staticmethod
     def _memory_of(fn: Callable[[], torch.Tensor]) -> int:
-        """The arena bytes a recording of ``fn`` takes (a run under the guard)."""
+        """The arena bytes a recording of ``fn`` takes."""
         sizing = _RecordingGuard(None)
-        with native.recording() as calls, sizing:
+        with native.recording(execute=False) as calls, sizing:
             fn()
         if not calls:
             raise NotCapturable("the forward makes no C kernel call")
         return sizing.used
 
     def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], None], torch.Tensor]:
-        """``(replay, output)``; raises :class:`NotCapturable` when ``fn`` computes outside
-        the C kernels (or makes no C call at all)."""
+        """``(replay, output)``: ``output`` holds ``fn``'s result after each ``replay()``
+        (not before: recording runs no kernel). Raises :class:`NotCapturable` when ``fn``
+        computes outside the C kernels (or makes no C call at all)."""
         if self.arena is None:  # size the arena by a first, discarded recording
             self.arena = torch.empty(self._memory_of(fn), dtype=torch.uint8)
             self.retained_bytes += self.arena.numel()
         guard = _RecordingGuard(self.arena)
-        with native.recording() as calls, guard:
+        with native.recording(execute=False) as calls, guard:
             output = fn()
         if not calls:
             raise NotCapturable("the forward makes no C kernel call")

@@ -153,15 +153,12 @@ class CaptureReport:
     memory_bytes: int
     #: What was captured: ``"CUDA graphs"``, or ``"CPU step replay"`` (:mod:`.cpu_graphs`).
     kind: str = "CUDA graphs"
-    #: Each size is recorded by its first step (a capturer that records as it runs), not
-    #: at start: ``seconds`` and ``memory_bytes`` are the shared memory's sizing.
-    on_first_use: bool = False
 
     def describe(self) -> str:
         sizes = f"{self.sizes[0]}-{self.sizes[-1]}" if len(self.sizes) > 1 else str(self.sizes[0])
-        done = "recorded by their first steps; sized" if self.on_first_use else "captured"
         return (
-            f"{self.kind}: {len(self.sizes)} decode batch sizes ({sizes}) {done} in "
+            f"{self.kind}: {len(self.sizes)} decode batch size{'s' * (len(self.sizes) > 1)} "
+            f"({sizes}) captured in "
             f"{self.seconds:.1f} s, {self.memory_bytes / (1 << 20):.0f} MiB "
             "(--enforce-eager turns them off)"
         )
@@ -196,23 +193,14 @@ class DecodeGraphs:
     def capture(self, sizes: tuple[int, ...]) -> CaptureReport:
         """Capture one graph per size, largest first (later graphs reuse its pool memory);
         on CUDA each is run once eagerly first, so kernels compile outside the capture.
-
-        A capturer whose recording is a run of the forward itself (``records_as_it_runs``,
-        the CPU's) records none here: it sizes its shared memory for the largest (from
-        forwards of one and two rows), and each size is recorded by the first step that
-        replays it, which the recording computes (so start-up costs two small forwards,
-        whatever the sizes)."""
+        A capturer that can size its shared memory beforehand (``size_memory``, the CPU's)
+        does so for the largest."""
         device = self.buffers.input_ids.device
         start = time.perf_counter()
         before = _reserved_bytes(device)
-        if getattr(self.capturer, "records_as_it_runs", False):
-            self.capturer.size_memory(self._warmed_up_forward, max(sizes))
-            self.sizes = tuple(sorted(sizes))
-            seconds = time.perf_counter() - start
-            retained = self.capturer.retained_bytes
-            return CaptureReport(
-                self.sizes, seconds, retained, kind="CPU step replay", on_first_use=True
-            )
+        size_memory = getattr(self.capturer, "size_memory", None)
+        if size_memory is not None:
+            size_memory(self._warmed_up_forward, max(sizes))
         for size in sorted(sizes, reverse=True):
             self._graphs[size] = self.capturer.capture(self._warmed_up_forward(size))
         self.sizes = tuple(sorted(self._graphs))
@@ -256,9 +244,6 @@ class DecodeGraphs:
         if size is None:
             return None
         self.buffers.load(input_ids, positions, metadata, size)
-        if size not in self._graphs:  # recorded by this step (records_as_it_runs)
-            self._graphs[size] = self.capturer.capture(self._warmed_up_forward(size))
-            return self._graphs[size][1][:num_seqs]
         replay, output = self._graphs[size]
         replay()
         return output[:num_seqs]

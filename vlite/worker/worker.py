@@ -38,9 +38,9 @@ from vlite.worker.model_runner import ModelRunner
 _GIB = 1 << 30
 _DEFAULT_CPU_KV_CACHE_GIB = 2.0
 _CUDA_FREE_MEMORY_FRACTION = 0.9
-#: The largest CPU decode batch whose C calls are recorded and replayed (each size by its
-#: first step; larger batches spend little of their step in Python).
-CPU_REPLAY_MAX_SEQS = 64
+#: The largest CPU decode batch whose C calls are recorded and replayed (larger batches
+#: spend little of their step in Python).
+CPU_REPLAY_MAX_SEQS = 32
 
 
 class Worker:
@@ -283,10 +283,9 @@ class Worker:
     def _record_cpu_decode_steps(self) -> None:
         """Record the C calls of decode steps of every size up to :data:`CPU_REPLAY_MAX_SEQS`
         sequences (no padding: a padding row costs a product row's arithmetic, and a step
-        that verifies 4 drafts is a decode of 5), each by the first step of its size, when
-        the model's forward computes in the C kernels only (see
-        :mod:`vlite.worker.cpu_graphs`; start-up runs forwards of one and two rows, to size
-        the recordings' memory); the draft model's too, if there is one."""
+        that verifies 4 drafts is a decode of 5), when the model's forward computes in the C
+        kernels only (see :mod:`vlite.worker.cpu_graphs`: recording runs no kernel, so it
+        costs the forward's Python only); the draft model's too, if there is one."""
         report = self._record_cpu_decode_steps_of(self.runner, "")
         if report is not None:
             self.cuda_graph_report = report
