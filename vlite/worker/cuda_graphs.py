@@ -122,7 +122,9 @@ class DecodeInputBuffers:
 
 class GraphCapturer(Protocol):
     """Turns a callable into ``(replay, output)``: ``replay()`` redoes the callable's work,
-    rewriting ``output``, over the same inputs."""
+    rewriting ``output``, over the same inputs. A capturer may also offer
+    ``size_memory(forward_of, largest)``, which :meth:`DecodeGraphs.capture` calls first
+    (:class:`~vlite.worker.cpu_graphs.NativeCallCapturer` sizes its shared memory there)."""
 
     def capture(
         self, fn: Callable[[], torch.Tensor]
