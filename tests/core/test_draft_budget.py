@@ -100,3 +100,10 @@ def test_ended_requests_are_forgotten():
     verify(budget, "a", DRAFTS, 4)
     budget.forget(["a"])
     assert "a" not in budget.acceptance
+
+
+def test_a_request_that_finished_is_not_counted():
+    budget = measured(linear)
+    output = EngineCoreOutput("a", [11, 12, 99], finish_reason="stop")
+    budget.observe_outputs({"a": DRAFTS}, [output])
+    assert "a" not in budget.acceptance  # (ended: forgotten, and not counted again)

@@ -406,3 +406,22 @@ def test_with_a_grammar_each_draft_position_has_its_own_mask(folder, method, bac
     assert accepted > 0
     if method == "oracle":
         assert accepted == drafted
+
+
+def test_the_draft_budget_learns_step_costs_and_each_requests_acceptance(folder, monkeypatch):
+    from vlite.core.draft_budget import DraftBudget
+
+    seen: list[dict[str, list[int]]] = []
+    real = DraftBudget.observe_outputs
+
+    def observing(self, verified, outputs):
+        seen.append(dict(verified))
+        return real(self, verified, outputs)
+
+    monkeypatch.setattr(DraftBudget, "observe_outputs", observing)
+    llm = speculative_llm(folder, "always-wrong", max_num_seqs=1)
+    greedy(llm)
+    budget = llm.llm_engine.engine_core.drafts.budget
+    assert budget.costs.estimated_decode_seconds(1) is not None  # decode steps were timed
+    assert any(seen)  # the drafts each step verified reached the budget
+    assert budget.acceptance == {}  # ended requests are forgotten

@@ -82,12 +82,13 @@ class DraftBudget:
         self, verified: dict[str, list[int]], outputs: Iterable[EngineCoreOutput]
     ) -> None:
         """What a step's requests got: ``verified`` maps a request to the drafts it verified
-        in the step; a request's new tokens are the drafts kept and one token more."""
+        in the step; a request's new tokens are the drafts kept and one token more. A
+        request that finished drafts no more: it is not counted."""
         shadows, self._shadows = self._shadows, {}
         for output in outputs:
             drafts = verified.get(output.request_id)
             shadow = shadows.get(output.request_id)
-            if not output.new_token_ids or (not drafts and shadow is None):
+            if output.is_finished or not output.new_token_ids or (not drafts and shadow is None):
                 continue
             acceptance = self.acceptance.setdefault(output.request_id, Acceptance())
             if drafts:
