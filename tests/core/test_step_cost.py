@@ -54,26 +54,15 @@ def test_empty_or_timeless_steps_are_ignored_and_bad_smoothing_is_refused():
         StepCostModel(smoothing=0)
 
 
-def test_the_estimate_interpolates_between_sizes_seen_and_extends_beyond_them():
+def test_the_estimate_interpolates_between_sizes_seen_and_holds_beyond_them():
     model = StepCostModel()
     assert model.estimated_decode_seconds(3) is None
     model.observe(1, 0, 0.006)
     model.observe(5, 0, 0.014)
     assert model.estimated_decode_seconds(3) == pytest.approx(0.010)
     assert model.estimated_decode_seconds(5) == pytest.approx(0.014)
-    # Beyond the two largest sizes seen: their line extended.
-    assert model.estimated_decode_seconds(9) == pytest.approx(0.022)
+    # Beyond the sizes seen: the nearest one's (a larger step is tried, then measured).
+    assert model.estimated_decode_seconds(9) == pytest.approx(0.014)
     model.observe(2, 0, 0.007)
     assert model.estimated_decode_seconds(1) == pytest.approx(0.006)
     assert model.decode_seconds(3) == pytest.approx(0.014)  # the cap's reading is unchanged
-    # The line beyond never falls below the largest's time (a noisy pair of sizes).
-    model.observe(6, 0, 0.013)  # below size 5's: the line beyond would fall
-    assert model.estimated_decode_seconds(8) == pytest.approx(0.013)
-
-
-def test_with_one_size_seen_the_estimate_is_its_time():
-    model = StepCostModel()
-    model.observe(4, 0, 0.010)
-    # Optimistic above it (a larger step gets tried, then measured), its time below.
-    assert model.estimated_decode_seconds(9) == pytest.approx(0.010)
-    assert model.estimated_decode_seconds(1) == pytest.approx(0.010)

@@ -7,8 +7,8 @@ request's work (copying its input, drafts are kept; writing freely, they are not
 :class:`DraftBudget` measures both as the engine runs and trims each proposal to what pays:
 
 * **a step's cost** by the decode tokens it computes: a
-  :class:`~vlite.core.step_cost.StepCostModel` of the decode-only steps run, on the line
-  through the nearest sizes seen (``c(T)``);
+  :class:`~vlite.core.step_cost.StepCostModel` of the decode-only steps run, interpolated
+  between the sizes seen (``c(T)``);
 * **each request's acceptance**: the chance ``p`` that a draft is kept when the drafts
   before it were, as kept / (kept + rejections) over its recent verifications (a
   rejection ends a run, so a step counts at most one), starting from a prior of

@@ -63,24 +63,20 @@ class StepCostModel:
         return self._decode_seconds[min(larger) if larger else max(self._decode_seconds)]
 
     def estimated_decode_seconds(self, num_decode_tokens: int) -> float | None:
-        """Seconds of a decode-only step of that many decode tokens, on the line through
-        the nearest sizes observed (interpolated between them, extended beyond the two
-        largest, never below the largest's time); below the smallest, the smallest's; with
-        one size observed, its time (optimistic for a larger step, which then gets tried
-        and measured); None before any decode-only step."""
+        """Seconds of a decode-only step of that many decode tokens, interpolated between
+        the nearest sizes observed; beyond them, the nearest size's (above the largest that
+        is optimistic, so a larger step gets tried and measured); None before any
+        decode-only step."""
         sizes = sorted(self._decode_seconds)
         if not sizes:
             return None
         index = bisect.bisect_left(sizes, num_decode_tokens)
-        if index < len(sizes) and sizes[index] == num_decode_tokens or index == 0:
-            return self._decode_seconds[sizes[index]]
-        if index == len(sizes) and len(sizes) == 1:
-            return self._decode_seconds[sizes[0]]
-        low, high = sizes[min(index, len(sizes) - 1) - 1], sizes[min(index, len(sizes) - 1)]
+        if index == len(sizes) or sizes[index] == num_decode_tokens or index == 0:
+            return self._decode_seconds[sizes[min(index, len(sizes) - 1)]]
+        low, high = sizes[index - 1], sizes[index]
+        share = (num_decode_tokens - low) / (high - low)
         low_seconds, high_seconds = self._decode_seconds[low], self._decode_seconds[high]
-        slope = (high_seconds - low_seconds) / (high - low)
-        estimate = low_seconds + slope * (num_decode_tokens - low)
-        return max(estimate, high_seconds) if index == len(sizes) else estimate
+        return low_seconds + share * (high_seconds - low_seconds)
 
     def prompt_tokens_within(self, seconds: float, num_decode_tokens: int) -> int | None:
         """How many prompt tokens a step of ``num_decode_tokens`` decode tokens can carry
