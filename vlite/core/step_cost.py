@@ -36,6 +36,8 @@ class StepCostModel:
         self.smoothing = smoothing
         #: Decode tokens in a decode-only step -> its average wall seconds.
         self._decode_seconds: dict[int, float] = {}
+        #: Its keys, ascending.
+        self._sizes: list[int] = []
         #: Average seconds one prompt token adds to a step (None: none observed yet).
         self.seconds_per_prompt_token: float | None = None
 
@@ -45,6 +47,8 @@ class StepCostModel:
             return
         if num_prompt_tokens == 0:
             previous = self._decode_seconds.get(num_decode_tokens)
+            if previous is None:
+                bisect.insort(self._sizes, num_decode_tokens)
             self._decode_seconds[num_decode_tokens] = self._average(previous, seconds)
             return
         decode_seconds = self.decode_seconds(num_decode_tokens) if num_decode_tokens else 0.0
@@ -57,17 +61,17 @@ class StepCostModel:
         """Average seconds of a decode-only step of that many decode tokens: the size
         itself, else the nearest larger size observed, else the largest (a cost grows with
         the batch); None before any decode-only step."""
-        if not self._decode_seconds:
+        if not self._sizes:
             return None
-        larger = [size for size in self._decode_seconds if size >= num_decode_tokens]
-        return self._decode_seconds[min(larger) if larger else max(self._decode_seconds)]
+        index = min(bisect.bisect_left(self._sizes, num_decode_tokens), len(self._sizes) - 1)
+        return self._decode_seconds[self._sizes[index]]
 
     def estimated_decode_seconds(self, num_decode_tokens: int) -> float | None:
         """Seconds of a decode-only step of that many decode tokens, interpolated between
         the nearest sizes observed; beyond them, the nearest size's (above the largest that
         is optimistic, so a larger step gets tried and measured); None before any
         decode-only step."""
-        sizes = sorted(self._decode_seconds)
+        sizes = self._sizes
         if not sizes:
             return None
         index = bisect.bisect_left(sizes, num_decode_tokens)

@@ -130,8 +130,11 @@ class NativeCallCapturer:
         :meth:`capture` would."""
         used = [self._memory_of(forward_of(rows)) for rows in range(1, min(largest, 2) + 1)]
         per_row = used[1] - used[0] if len(used) == 2 else 0
-        nbytes = used[0] + per_row * (largest - 1)
-        self.arena = torch.empty(nbytes, dtype=torch.uint8)  # resident as recordings use it
+        self._reserve_arena(used[0] + per_row * (largest - 1))
+
+    def _reserve_arena(self, nbytes: int) -> None:
+        """The shared arena of ``nbytes`` (resident only as recordings use it)."""
+        self.arena = torch.empty(nbytes, dtype=torch.uint8)
         self.retained_bytes += nbytes
 
     @staticmethod
@@ -149,8 +152,7 @@ class NativeCallCapturer:
         (not before: recording runs no kernel). Raises :class:`NotCapturable` when ``fn``
         computes outside the C kernels (or makes no C call at all)."""
         if self.arena is None:  # size the arena by a first, discarded recording
-            self.arena = torch.empty(self._memory_of(fn), dtype=torch.uint8)
-            self.retained_bytes += self.arena.numel()
+            self._reserve_arena(self._memory_of(fn))
         guard = _RecordingGuard(self.arena)
         with native.recording(execute=False) as calls, guard:
             output = fn()
