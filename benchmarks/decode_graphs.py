@@ -7,7 +7,8 @@ runs each batch size on each engine in turn (A B C A B C ...): ``B`` requests of
 ``--output-len`` tokens. The decode step time is the median gap
 between a request's consecutive tokens (every step of the run after the prefill is a
 decode of all ``B``), so decode tokens/s is ``B`` over it. Batch 1 is also set against the
-memory roofline: the weights' bytes read once per step at ``--peak-gbps``.
+memory roofline: the weights' bytes read once per step at ``--peak-gbps`` (by default the
+datasheet bandwidth of the GPU found, see :data:`PEAK_GBPS`).
 
     python benchmarks/random_model.py llama-1b /tmp/llama-1b --config-only
     python benchmarks/decode_graphs.py --model /tmp/llama-1b --batch-sizes 1 64 256 \
@@ -35,6 +36,19 @@ MODES = {
     "eager": {"enforce_eager": True, "async_scheduling": False},
 }
 
+#: Datasheet HBM bandwidth in GB/s by a substring of ``torch.cuda.get_device_name()``,
+#: most specific first (an H100 PCIe has less than the SXM part).
+PEAK_GBPS = {"H100 PCIe": 2039.0, "H100": 3352.0, "H200": 4800.0, "A100": 2039.0}
+
+
+def datasheet_peak_gbps() -> float:
+    """The :data:`PEAK_GBPS` entry of this process's GPU; refuses a GPU it does not know."""
+    name = torch.cuda.get_device_name()
+    for part, gbps in PEAK_GBPS.items():
+        if part in name:
+            return gbps
+    raise SystemExit(f"no memory bandwidth known for {name!r}: give --peak-gbps")
+
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -46,7 +60,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--kv-cache-gib", type=float, default=8.0)
     parser.add_argument(
-        "--peak-gbps", type=float, default=3352.0, help="the GPU's memory bandwidth (H100 SXM)"
+        "--peak-gbps",
+        type=float,
+        help="the GPU's memory bandwidth in GB/s (default: its datasheet figure, "
+        f"known for {', '.join(PEAK_GBPS)})",
     )
     parser.add_argument("--modes", nargs="+", choices=sorted(MODES), default=list(MODES))
     parser.add_argument("--json", help="write every measurement here")
@@ -131,6 +148,7 @@ def main() -> None:
         return
     if args.model is None:
         raise SystemExit("--model is required (or --replot JSON --plot PNG)")
+    peak_gbps = args.peak_gbps or datasheet_peak_gbps()
     engines = {
         mode: LLM(
             model=args.model,
@@ -158,8 +176,11 @@ def main() -> None:
                     f"round {round_index + 1} {mode:6s} batch {batch:4d}: {step * 1e3:.3f} ms/step",
                     flush=True,
                 )
-    roofline_s = weights / (args.peak_gbps * 1e9)
-    print(f"\nweights {weights / 1e9:.2f} GB; roofline {roofline_s * 1e3:.3f} ms per step")
+    roofline_s = weights / (peak_gbps * 1e9)
+    print(
+        f"\nweights {weights / 1e9:.2f} GB; roofline at {peak_gbps:,.0f} GB/s "
+        f"{roofline_s * 1e3:.3f} ms per step"
+    )
     print("| batch | mode | ms/step best | median | decode tok/s best | median | of roofline |")
     print("|---:|---|---:|---:|---:|---:|---:|")
     for batch in args.batch_sizes:

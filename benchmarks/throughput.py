@@ -10,6 +10,13 @@ uniformly from ``--prompt-len`` and ``--output-len`` with ``--seed``, random tok
 * ``transformers-static``: ``transformers`` ``generate`` in static batches of
   ``--hf-batch-size`` requests (left-padded; a batch runs until its longest request is
   done; only the requested tokens count);
+* ``transformers-compiled``: the same static batches through transformers' fast path on a
+  GPU: a static KV cache (``StaticCache``, one for the whole run, sized for a full batch
+  and the workload's longest prompt plus output) and the decode step compiled by
+  ``torch.compile`` (transformers compiles it itself for a static cache on CUDA, mode
+  ``reduce-overhead``: CUDA graphs). A short last batch is filled up with copies of its
+  first prompt (not counted), so every batch has the compiled shape; the warm-up is one
+  full batch, so compilation is not timed;
 * ``transformers-continuous``: transformers' own continuous batching
   (``init_continuous_batching``, the engine behind ``generate_batch``), each request with
   its own ``max_new_tokens`` (the produced tokens are counted and checked).
@@ -45,8 +52,11 @@ from typing import Any
 import harness  # benchmarks/harness.py: run as a script, its folder is on sys.path
 
 STATIC = "transformers-static"
+COMPILED = "transformers-compiled"
 CONTINUOUS = "transformers-continuous"
-ENGINES = (harness.REFERENCE_ENGINE, STATIC, CONTINUOUS)
+ENGINES = (harness.REFERENCE_ENGINE, STATIC, COMPILED, CONTINUOUS)
+DEFAULT_ENGINES = (harness.REFERENCE_ENGINE, STATIC, CONTINUOUS)
+COMPILED_WARM_UP_TOKENS = 8
 WARM_UP_REQUESTS = 2
 
 
@@ -71,8 +81,9 @@ def parse_args() -> argparse.Namespace:
         "--engines",
         nargs="+",
         choices=ENGINES,
-        default=list(ENGINES),
-        help="engines to run, in this order",
+        default=list(DEFAULT_ENGINES),
+        help=f"engines to run, in this order ({COMPILED} is for a GPU, where transformers "
+        "compiles the decode step for a static cache)",
     )
     parser.add_argument("--skip-continuous", action="store_true", help=f"leave {CONTINUOUS} out")
     parser.add_argument("--num-requests", type=int, default=32, help="requests in the workload")
@@ -214,6 +225,55 @@ def run_hf_static(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def run_hf_compiled(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    from transformers import StaticCache
+
+    workload, _ = timed_and_warm_up(args)
+    model = load_hf_model(args)
+    model.generation_config.eos_token_id = None
+    pad_id = model.config.pad_token_id or 0
+    batch_size = min(args.hf_batch_size, len(workload.prompts))
+    cache_len = max(map(len, workload.prompts)) + max(workload.output_lens)
+    cache = StaticCache(config=model.config, max_cache_len=cache_len)
+
+    def generate_batch(batch: list[list[int]], new_tokens: int) -> None:
+        filled = batch + [batch[0]] * (batch_size - len(batch))
+        input_ids, attention_mask = (t.to(args.peer_device) for t in left_pad(filled, pad_id))
+        with torch.inference_mode():
+            cache.reset()
+            output = model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                past_key_values=cache,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                pad_token_id=pad_id,
+            )
+        harness.check_token_count(COMPILED, output.shape[1] - input_ids.shape[1], new_tokens)
+
+    warm_up = make_workload(args, args.seed + 1, batch_size)
+    generate_batch(warm_up.prompts, COMPILED_WARM_UP_TOKENS)
+    padding = 0
+    start = time.perf_counter()
+    for first in range(0, len(workload.prompts), batch_size):
+        lens = workload.output_lens[first : first + batch_size]
+        generate_batch(workload.prompts[first : first + batch_size], max(lens))
+        padding += sum(max(lens) - n for n in lens)
+    seconds = time.perf_counter() - start
+    return {
+        "seconds": seconds,
+        "output_tokens": workload.num_output_tokens,
+        "tokens_beyond_request_lengths": padding,
+        "batch_size": batch_size,
+        "static_cache_len": cache_len,
+        "decode_step_compiled": getattr(model, "_compiled_call", None) is not None,
+        "device": args.peer_device,
+        "dtype": args.peer_dtype,
+    }
+
+
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[Any, Any]:
     import torch
 
@@ -273,6 +333,7 @@ def run_continuous(manager: Any, work: Workload) -> int:
 WORKERS: dict[str, harness.WorkerFunction] = {
     harness.REFERENCE_ENGINE: run_vlite,
     STATIC: run_hf_static,
+    COMPILED: run_hf_compiled,
     CONTINUOUS: run_hf_continuous,
 }
 

@@ -242,6 +242,12 @@ def test_compiled_kernels_match_pytorch_on_cuda(dtype):
     expected = _rotate(qk, cos[positions].to(dtype)[:, None], sin[positions].to(dtype)[:, None])
     rotated = rows.clone()
     ops.rope_(rotated, 40, 64, positions, cos, sin)
-    # Compiled, a few values differ from PyTorch's by one unit in the last place (seen on
-    # an H100 in bfloat16 and float16).
-    torch.testing.assert_close(rotated[:, : 40 * 64].view_as(qk), expected)
+    # Compiled, the kernel's ``x1 * cos - x2 * sin`` may be contracted to one fused
+    # multiply-add, skipping the rounding of one product to the dtype: where the two
+    # products cancel, the result then differs from PyTorch's by up to one rounding of a
+    # product (seen on an H100 and an H200 in bfloat16 and float16; 1.5-2.8% of the values).
+    x1, x2 = qk.float().chunk(2, dim=-1)
+    c, s = (t[positions][:, None].to(dtype).float() for t in (cos, sin))
+    one_rounding = torch.finfo(dtype).eps * (x1.abs() + x2.abs()) * (c.abs() + s.abs())
+    error = (rotated[:, : 40 * 64].view_as(qk).float() - expected.float()).abs()
+    assert (error <= torch.cat([one_rounding, one_rounding], dim=-1)).all()
