@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,8 +20,10 @@ from vlite.core.plugins import PluginRegistry, build_plugin_manager
 from vlite.core.verify import verify_config
 from vlite.models.spec import ModelSpec
 from vlite.plugins.attention.auto import AutoAttentionBackend
+from vlite.plugins.attention.cpu_native import CpuAttentionBackend
 from vlite.plugins.attention.torch_ref import TorchAttentionBackend
 from vlite.plugins.executors.uniproc import UniprocExecutor
+from vlite.testing.tiny_gguf import write_tiny_gguf
 from vlite.testing.tiny_models import make_tiny_model
 
 #: The configs each RecordingExecutor was built with, in order.
@@ -86,6 +89,12 @@ def registry() -> PluginRegistry:
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory) -> str:
     return str(make_tiny_model(tmp_path_factory.mktemp("llama"), "LlamaForCausalLM"))
+
+
+@pytest.fixture(scope="module")
+def gguf(tmp_path_factory, llama) -> str:
+    folder = tmp_path_factory.mktemp("gguf")
+    return str(write_tiny_gguf(Path(llama), folder / "tiny.gguf", quantize=("Q4_1", "Q8_0")))
 
 
 @pytest.fixture(scope="module")
@@ -169,6 +178,13 @@ REFUSALS = [
         "'no-windows' cannot run this model: its layers .* sliding window",
     ),
     ("llama", {"quantization": "gguf"}, None, "quantization='gguf' .* not a GGUF file"),
+    (
+        "llama",
+        {"attention_backend": "torch", "kv_cache_dtype": "float16"},
+        None,
+        "kv_cache_dtype='float16': attention backend 'torch' takes no float16 cache with a "
+        "float32 model; allowed: auto, float32",
+    ),
 ]
 
 
@@ -290,3 +306,28 @@ def test_a_model_class_without_the_parallelism_is_refused(llama, setting, messag
     hf_config = ModelSpec.from_config(VliteConfig(model=llama)).hf_config
     with pytest.raises(ConfigError, match=message):
         check_model_split(VliteConfig(**setting), _NoParallelism, hf_config, "X")
+
+
+@pytest.mark.parametrize(
+    ("model", "setting", "backend", "expected"),
+    [
+        ("gguf", "auto", "cpu", torch.float16),  # llama.cpp's files, as llama.cpp caches them
+        ("gguf", "auto", "torch", torch.float32),  # a backend without float16 caches
+        ("llama", "auto", "cpu", torch.float32),  # a checkpoint keeps transformers' arithmetic
+        ("gguf", "float32", "cpu", torch.float32),
+        ("llama", "float16", "cpu", torch.float16),
+    ],
+)
+def test_kv_cache_dtype_resolves_per_model_and_backend(request, model, setting, backend, expected):
+    if backend == "cpu" and CpuAttentionBackend.unavailable_reason(torch.device("cpu"), None):
+        pytest.skip("no C compiler here")
+    path = request.getfixturevalue(model)
+    llm = vlite.LLM(model=path, attention_backend=backend, kv_cache_dtype=setting, num_kv_blocks=8)
+    core = llm.llm_engine.engine_core
+    assert core.config.kv_cache_dtype == str(expected).removeprefix("torch.")  # never "auto"
+    worker = core.executor.worker
+    assert worker.kv_cache_dtype == expected
+    assert {cache.dtype for cache in worker.runner.kv_caches} == {expected}
+    assert worker.kv_cache_bytes_per_block() == (
+        worker.runner.kv_caches[0][:, :1].numel() * len(worker.runner.kv_caches) * expected.itemsize
+    )

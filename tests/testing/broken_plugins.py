@@ -142,6 +142,19 @@ class SoftCapIgnoringBackend(TorchAttentionBackend):
         return super().forward(*args, sliding_window=sliding_window)
 
 
+class KeysInBfloat16Backend(TorchAttentionBackend):
+    """Claims a float16 KV cache, but rounds the keys through bfloat16 (8 bits of mantissa
+    instead of 11) before writing them."""
+
+    kv_cache_dtypes = (torch.float16,)
+
+    @staticmethod
+    def write_kv(key, value, kv_cache, slot_mapping):
+        if kv_cache.dtype == torch.float16:
+            key = key.bfloat16()
+        TorchAttentionBackend.write_kv(key, value, kv_cache, slot_mapping)
+
+
 class TopKIgnoringSampler(DefaultSampler):
     """Samples as if no row used top-k."""
 
@@ -217,6 +230,7 @@ def register_attention_backends(register) -> None:
     register("window-ignoring", WindowIgnoringBackend)
     register("soft-cap-ignoring", SoftCapIgnoringBackend)
     register("host-list-graph", HostListGraphBackend)
+    register("keys-in-bfloat16", KeysInBfloat16Backend)
 
 
 @hookimpl

@@ -151,6 +151,12 @@ def test_attention_suite_catches_a_graph_claiming_backend_that_reads_host_lists(
     assert outcomes["test_matches_dense_attention_decoding_only"] == "passed"
 
 
+def test_attention_suite_catches_a_backend_that_rounds_its_float16_keys_coarser(pytester):
+    outcomes = run_suite(pytester, "AttentionBackendConformance", "keys-in-bfloat16")
+    assert_caught(outcomes, {"test_kv_cache_dtypes_match_attention_over_the_rounded_keys"})
+    assert outcomes["test_matches_dense_attention_decoding_only"] == "passed"
+
+
 def test_attention_suite_catches_a_backend_that_ignores_the_soft_cap(pytester):
     outcomes = run_suite(pytester, "AttentionBackendConformance", "soft-cap-ignoring")
     assert_caught(

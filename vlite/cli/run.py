@@ -98,7 +98,11 @@ def run_command(prompts, input_file, chat, as_json, trace_file, config_file, **o
     config = sized_for_requests(config, model_spec.max_model_len, inputs, params)
     llm = _guarded(_build_llm, config, tokenizer)
     core = llm.llm_engine.engine_core
-    click.echo(f"attention backend: {core.attention_backend_name}", err=True)
+    click.echo(
+        f"attention backend: {core.attention_backend_name} "
+        f"(KV cache in {core.config.kv_cache_dtype})",
+        err=True,
+    )
     click.echo(f"quantization: {core.quantization.describe(config.torch_dtype)}", err=True)
     if core.memory_plan is not None:
         click.echo(f"memory: {core.memory_plan.describe()}", err=True)

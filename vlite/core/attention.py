@@ -95,6 +95,11 @@ class AttentionBackend(ABC):
     #: the per-sequence host lists, never synchronises with the host, and keeps no tensor
     #: it allocates during a call for the next one. A backend without it runs eagerly.
     supports_cuda_graphs: bool = False
+    #: KV-cache dtypes :meth:`forward` takes besides the model's own (``kv_cache_dtype``):
+    #: it rounds the step's keys and values to the cache's dtype as it writes them and
+    #: computes attention in the query's dtype. The conformance suite checks each claim
+    #: against the reference fed the rounded keys and values.
+    kv_cache_dtypes: tuple[torch.dtype, ...] = ()
 
     def __init__(
         self,

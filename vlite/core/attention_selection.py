@@ -81,3 +81,38 @@ def limits_violation(
 def dtype_name(dtype: torch.dtype) -> str:
     """``torch.bfloat16`` -> ``"bfloat16"``."""
     return str(dtype).removeprefix("torch.")
+
+
+def resolve_kv_cache_dtype(
+    setting: str,
+    model_dtype: torch.dtype,
+    device: torch.device,
+    backend_cls: Any,
+    name: str,
+    *,
+    gguf: bool = False,
+) -> torch.dtype:
+    """The dtype of the KV cache that ``kv_cache_dtype=setting`` selects.
+
+    ``auto``: float16 for a GGUF model computing in float32 on the CPU whose backend takes
+    a float16 cache (llama.cpp's default for the same files; a decode step of many
+    sequences reads their whole contexts from memory, and float16 halves the bytes; the
+    agreement oracle passed it, see the README), else the model's dtype (a Hugging Face
+    checkpoint keeps transformers' arithmetic).
+
+    Raises:
+        ConfigError: the backend takes no cache of that dtype (the message names those it
+            takes).
+    """
+    taken = (model_dtype, *getattr(backend_cls, "kv_cache_dtypes", ()))
+    if setting == "auto":
+        prefers_half = gguf and device.type == "cpu" and model_dtype == torch.float32
+        return torch.float16 if prefers_half and torch.float16 in taken else model_dtype
+    dtype = getattr(torch, setting)
+    if dtype not in taken:
+        allowed = ", ".join(sorted({"auto", *(dtype_name(d) for d in taken)}))
+        raise ConfigError(
+            f"kv_cache_dtype={setting!r}: attention backend {name!r} takes no {setting} cache "
+            f"with a {dtype_name(model_dtype)} model; allowed: {allowed}"
+        )
+    return dtype

@@ -199,6 +199,15 @@ class VliteConfig(BaseSettings):
         "budget and what kv_cache_tokens need. Default: 2 GiB on CPU (at most a quarter of "
         "the memory available), 90% of free memory on CUDA.",
     )
+    kv_cache_dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        "auto",
+        description="The dtype the KV cache stores keys and values in (rounded as they are "
+        "written; attention computes in the model's dtype). 'auto': float16 for a GGUF model "
+        "computing in float32 on the CPU whose attention backend takes it (the 'cpu' "
+        "backend; llama.cpp's default for those files: a decode step reads every sequence's "
+        "context from memory, and float16 halves those bytes), else the model's dtype. "
+        "Another dtype than the model's needs a backend that takes it.",
+    )
     kv_cache_tokens: int | None = Field(
         None,
         ge=1,

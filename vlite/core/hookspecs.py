@@ -31,7 +31,7 @@ PROJECT_NAME = "vlite"
 #: types. It is raised by one whenever they change in a way a plugin could notice: a hook or
 #: an interface member added, changed or removed. A plugin declares the versions it works with
 #: as ``VLITE_PLUGIN_API = ">=2,<3"`` (or ``2``, meaning ``>=2``).
-PLUGIN_API_VERSION = 9
+PLUGIN_API_VERSION = 10
 #: Every plugin API version this vlite still serves, oldest first. A plugin loads if its
 #: ``VLITE_PLUGIN_API`` admits any of them. Version 1 differs only in how schedulers are
 #: written (subclasses of ``vlite.core.scheduler.Scheduler``, deprecated; version 2 registers
@@ -40,9 +40,10 @@ PLUGIN_API_VERSION = 9
 #: kind (and the model classes' GGUF tensor-name hook), version 5 ``WeightFormat.configure``
 #: (optional, a no-op by default), version 6 the proposer kind, version 7 draft models'
 #: fields (all with defaults), the tool-call parser kind and the reasoning parser kind,
-#: version 8 the parsers' markers and constraints after the reasoning (with defaults);
-#: nothing older changed.
-SUPPORTED_PLUGIN_APIS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
+#: version 8 the parsers' markers and constraints after the reasoning (with defaults),
+#: version 9 the scheduler's inter-token target, version 10 the attention backends' KV-cache
+#: dtypes (default: the model's only); nothing older changed.
+SUPPORTED_PLUGIN_APIS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)

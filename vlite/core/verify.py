@@ -11,7 +11,8 @@ worker, process or Ray actor) exists. It checks, in order:
   (:mod:`vlite.core.model_split`);
 - the attention backend: ``auto`` resolved for ``config.torch_device`` and the dtype, the
   backend available there and within its dtype, head-dim and block-size limits
-  (:mod:`vlite.core.attention_selection`);
+  (:mod:`vlite.core.attention_selection`), and the KV cache's dtype (``auto`` resolved,
+  another than the model's only where the backend takes it);
 - the plugins' capabilities: prefix caching and chunked prefill (scheduler and backend),
   sliding windows and an attention soft cap (backend);
 - the quantization plan (``config.quantization`` for this model and device);
@@ -32,7 +33,12 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from vlite.core.attention_selection import limits_violation, resolve_attention_backend
+from vlite.core.attention_selection import (
+    dtype_name,
+    limits_violation,
+    resolve_attention_backend,
+    resolve_kv_cache_dtype,
+)
 from vlite.core.config import VliteConfig
 from vlite.core.errors import ConfigError
 from vlite.core.model import ModelDescription
@@ -58,8 +64,9 @@ class VerifiedConfig:
 
     Attributes:
         config: the configuration to build with: ``attention_backend`` is the registered
-            backend ``auto`` resolved to, and ``enable_prefix_caching`` is off where the
-            model's cached blocks cannot be shared.
+            backend ``auto`` resolved to, ``kv_cache_dtype`` the dtype ``auto`` resolved to,
+            and ``enable_prefix_caching`` is off where the model's cached blocks cannot be
+            shared.
         plugins: registry kind -> the class the configuration names (every kind of
             :data:`PLUGIN_SETTINGS`, the attention backend the resolved one).
         limits: the scheduler's limits, ``enable_chunked_prefill`` resolved to a bool.
@@ -94,6 +101,7 @@ def verify_config(
     limits = scheduler_limits(config, plugins["scheduler"], model_spec)
     name, attention_cls = resolve_attention(config, model_spec, registry)
     plugins["attention_backend"] = attention_cls
+    kv_cache_dtype = resolve_kv_cache(config, model_spec, attention_cls, name)
     check_prefix_caching(config, limits, plugins["scheduler"], attention_cls, name)
     check_layer_features(
         tuple(model_spec.sliding_windows),
@@ -106,7 +114,9 @@ def verify_config(
     if config.speculative_config is not None:
         plugins["proposer"] = check_speculative_decoding(config, registry)
         check_draft_model(model_spec, registry)
-    resolved = config.model_copy(update={"attention_backend": name})
+    resolved = config.model_copy(
+        update={"attention_backend": name, "kv_cache_dtype": kv_cache_dtype}
+    )
     return VerifiedConfig(resolved, plugins, limits, quantization)
 
 
@@ -242,6 +252,22 @@ def resolve_attention(
             "one within its limits)"
         )
     return name, backend_cls
+
+
+def resolve_kv_cache(
+    config: VliteConfig, model_spec: ModelDescription, attention_cls: type, name: str
+) -> str:
+    """The name of the dtype ``config.kv_cache_dtype`` selects for the backend (``auto``:
+    its choice), refused when the backend takes no cache of that dtype."""
+    dtype = resolve_kv_cache_dtype(
+        config.kv_cache_dtype,
+        config.torch_dtype,
+        config.torch_device,
+        attention_cls,
+        name,
+        gguf=getattr(model_spec, "is_gguf", False),
+    )
+    return dtype_name(dtype)
 
 
 def check_prefix_caching(

@@ -506,14 +506,14 @@ class FusedOps:
 
 
 class PagedAttentionKernel:
-    """Paged causal attention over float32 CPU caches (see ``paged_attention.c``)."""
+    """Paged causal attention over float32 or float16 CPU caches (see ``paged_attention.c``)."""
 
     def __init__(self, path: Path) -> None:
         lib = ctypes.CDLL(str(path))
         ptr, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
         lib.vl_paged_attention.argtypes = [ptr, i64, i64] * 3 + [ptr, i64, ptr, ptr]
         lib.vl_paged_attention.argtypes += [ptr, i64, ptr, ptr, i64, i64, i64, i64, i64, f32]
-        lib.vl_paged_attention.argtypes += [i64, ptr, i32]
+        lib.vl_paged_attention.argtypes += [i64, i64, ptr, i32]
         lib.vl_paged_attention.restype = i32
         self._lib = lib
 
@@ -532,8 +532,9 @@ class PagedAttentionKernel:
         and ``query_start_loc`` ``[S + 1]`` int32. The function takes ``query``
         ``[T, H, D]``, ``key`` and ``value`` ``[T, Hkv, D]`` (any token/head strides, unit
         stride within a head), ``kv_cache`` ``[2, num_blocks, block_size, Hkv, D]``
-        (contiguous) and an optional ``sliding_window`` (keys ``(p - window, p]``), writes the
-        keys and values at ``slot_mapping``, attends and returns ``[T, H, D]``.
+        (contiguous; float32, or float16, which the keys and values are rounded to as they
+        are written) and an optional ``sliding_window`` (keys ``(p - window, p]``), writes the
+        keys and values at ``slot_mapping``, attends and returns ``[T, H, D]`` float32.
         """
         _require(block_tables, seq_lens, query_start_loc, dtype=torch.int32)
         _require(slot_mapping, dtype=torch.int64)
@@ -557,7 +558,15 @@ class PagedAttentionKernel:
         ) -> torch.Tensor:
             _, num_heads, head_dim = query.shape
             num_kv_heads = key.shape[1]
-            _require(query, key, value, kv_cache, dtype=torch.float32)
+            _require(query, key, value, dtype=torch.float32)
+            if (
+                kv_cache.dtype not in (torch.float32, torch.float16)
+                or kv_cache.device.type != "cpu"
+            ):
+                raise ValueError(
+                    f"paged attention needs a float32 or float16 CPU cache, got "
+                    f"{kv_cache.dtype} on {kv_cache.device.type}"
+                )
             if query.shape[0] != num_tokens or key.shape[0] != num_tokens:
                 raise ValueError(f"expected {num_tokens} tokens, got {query.shape[0]}")
             if kv_cache.dim() != 5 or kv_cache.shape[0] != 2 or not kv_cache.is_contiguous():
@@ -576,7 +585,8 @@ class PagedAttentionKernel:
                 block_tables.data_ptr(), block_tables.stride(0),
                 seq_lens.data_ptr(), query_start_loc.data_ptr(), num_seqs,
                 num_heads, num_kv_heads, head_dim, kv_cache.shape[2],
-                scale, sliding_window or 0, out.data_ptr(), THREADS,
+                scale, sliding_window or 0, int(kv_cache.dtype == torch.float16),
+                out.data_ptr(), THREADS,
             )  # fmt: skip
             if status != 0:
                 raise RuntimeError(

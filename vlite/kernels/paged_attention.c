@@ -3,6 +3,12 @@
  * keys and values into the paged cache, then let every new token attend to its sequence's
  * context straight from the cache blocks (no gathered copy, no padding).
  *
+ * The cache holds float32 or, with cache_half, float16 values (llama.cpp's default): the
+ * new keys and values are rounded to float16 as they are written (to nearest, ties to
+ * even, as PyTorch's .to(torch.float16)), and read back as float32, so everything else
+ * computes in float32. A decode step of many sequences reads the whole context of each from
+ * memory, once per layer: float16 halves those bytes.
+ *
  * Layout (vlite's default cache): k_cache and v_cache are [num_blocks * block_size,
  * num_kv_heads, head_dim]; slot = block_id * block_size + offset. Token t of sequence s
  * (rows query_start_loc[s] .. query_start_loc[s + 1]) sits at position
@@ -25,10 +31,64 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
 #define MAX_GROUP_VALUES 8192 /* query heads per KV head x head_dim, on the stack */
+
+/* IEEE float16 <-> float32 in integer arithmetic, for CPUs without F16C (and compilers
+ * without a float16 type): the same values as the hardware conversions, rounding to
+ * nearest, ties to even. */
+static inline float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 0x1F;
+    const uint32_t mantissa = h & 0x3FF;
+    uint32_t bits;
+    if (exponent == 0x1F) {
+        bits = sign | 0x7F800000 | (mantissa << 13); /* infinity, NaN */
+    } else if (exponent != 0) {
+        bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+    } else { /* zero or subnormal: mantissa * 2^-24, exact in float */
+        const float magnitude = (float)mantissa * 5.9604644775390625e-8f;
+        memcpy(&bits, &magnitude, sizeof bits);
+        bits |= sign;
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline uint16_t float_to_half(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    const uint32_t a = x & 0x7FFFFFFF;
+    if (a > 0x7F800000) return sign | 0x7E00;  /* NaN */
+    if (a >= 0x477FF000) return sign | 0x7C00; /* 65520 and up round to infinity */
+    if (a >= 0x38800000) {                     /* a normal float16: rebias, round 13 bits */
+        const uint32_t r = a - 0x38000000;
+        return sign | (uint16_t)((r + 0x0FFF + ((r >> 13) & 1)) >> 13);
+    }
+    if (a < 0x33000000) return sign; /* below 2^-25 (2^-25 itself ties to 0) */
+    /* A subnormal float16: |f| * 2^24 rounded to an integer (1024 is the smallest normal). */
+    const uint32_t m = (a & 0x7FFFFF) | 0x800000;
+    const int shift = 126 - (int)(a >> 23);
+    uint32_t q = m >> shift;
+    const uint32_t rest = m & ((1u << shift) - 1), halfway = 1u << (shift - 1);
+    if (rest > halfway || (rest == halfway && (q & 1))) q++;
+    return sign | (uint16_t)q;
+}
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
+
+/* 16 cache values from `index` on, as floats. */
+static inline __attribute__((always_inline)) __m512 load16(const void *cache, int64_t index,
+                                                           int half) {
+    if (half)
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)cache + index)));
+    return _mm512_loadu_ps((const float *)cache + index);
+}
 
 /* exp(x) for 16 floats, x <= 0 (scores minus their running maximum): 2^n * p(r) with
  * x = n ln2 + r, |r| <= ln2 / 2, p the degree-7 Taylor polynomial (error < 1e-8 relative);
@@ -93,10 +153,10 @@ static inline __m512 lane_sums16(const __m512 v[16]) {
  */
 static inline __attribute__((always_inline)) void attend16(
     const int DV, const float *q, int64_t q_tok_stride, int64_t q_head_stride, int64_t t,
-    int64_t g, int64_t position, int64_t first_key, const int32_t *table, const float *k_cache,
-    const float *v_cache, int64_t Hkv, int64_t group, int64_t block_size, float scale,
-    float *out) {
-    const int64_t D = 16 * DV, row = Hkv * D; /* floats from one cache slot to the next */
+    int64_t g, int64_t position, int64_t first_key, const int32_t *table, const void *k_cache,
+    const void *v_cache, const int half, int64_t Hkv, int64_t group, int64_t block_size,
+    float scale, float *out) {
+    const int64_t D = 16 * DV, row = Hkv * D; /* values from one cache slot to the next */
     float acc[MAX_GROUP_VALUES] __attribute__((aligned(64)));
     float running_max[64], running_sum[64];
     memset(acc, 0, sizeof(float) * group * D);
@@ -111,7 +171,7 @@ static inline __attribute__((always_inline)) void attend16(
         __mmask16 valid = n == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
         if (first < first_key) valid &= (__mmask16) ~((1u << (first_key - first)) - 1);
         const int64_t slot = (int64_t)table[first / block_size] * block_size + first % block_size;
-        const float *keys = k_cache + slot * row + g * D, *values = v_cache + slot * row + g * D;
+        const int64_t base = slot * row + g * D; /* the first key's and value's index */
         for (int64_t h = 0; h < group; h++) {
             const float *qh = q + t * q_tok_stride + (g * group + h) * q_head_stride;
             __m512 qv[DV], partial[16];
@@ -120,7 +180,7 @@ static inline __attribute__((always_inline)) void attend16(
                 partial[j] = _mm512_setzero_ps();
                 if (j < n)
                     for (int c = 0; c < DV; c++)
-                        partial[j] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(keys + j * row + 16 * c),
+                        partial[j] = _mm512_fmadd_ps(qv[c], load16(k_cache, base + j * row + 16 * c, half),
                                                      partial[j]);
             }
             const __m512 scores = _mm512_mask_mov_ps(
@@ -144,15 +204,15 @@ static inline __attribute__((always_inline)) void attend16(
             for (; j + 2 <= n; j += 2) {
                 const __m512 w0 = _mm512_set1_ps(weight[j]), w1 = _mm512_set1_ps(weight[j + 1]);
                 for (int c = 0; c < DV; c++) {
-                    even[c] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(values + j * row + 16 * c), even[c]);
-                    odd[c] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(values + (j + 1) * row + 16 * c),
+                    even[c] = _mm512_fmadd_ps(w0, load16(v_cache, base + j * row + 16 * c, half), even[c]);
+                    odd[c] = _mm512_fmadd_ps(w1, load16(v_cache, base + (j + 1) * row + 16 * c, half),
                                              odd[c]);
                 }
             }
             if (j < n) {
                 const __m512 w0 = _mm512_set1_ps(weight[j]);
                 for (int c = 0; c < DV; c++)
-                    even[c] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(values + j * row + 16 * c), even[c]);
+                    even[c] = _mm512_fmadd_ps(w0, load16(v_cache, base + j * row + 16 * c, half), even[c]);
             }
             for (int c = 0; c < DV; c++) _mm512_store_ps(a + 16 * c, _mm512_add_ps(even[c], odd[c]));
         }
@@ -166,6 +226,18 @@ static inline __attribute__((always_inline)) void attend16(
 }
 #elif defined(__AVX2__) && defined(__FMA__)
 #include "vec_exp.h"
+
+/* 8 cache values from `index` on, as floats (float16 needs F16C; without it a float16
+ * cache takes attend()). */
+static inline __attribute__((always_inline)) __m256 load8(const void *cache, int64_t index,
+                                                          int half) {
+#if defined(__F16C__)
+    if (half)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)cache + index)));
+#endif
+    (void)half;
+    return _mm256_loadu_ps((const float *)cache + index);
+}
 
 static inline float sum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -195,9 +267,9 @@ static inline __m256 lane_sums8(const __m256 v[8]) {
  */
 static inline __attribute__((always_inline)) void attend8(
     const int DV, const float *q, int64_t q_tok_stride, int64_t q_head_stride, int64_t t,
-    int64_t g, int64_t position, int64_t first_key, const int32_t *table, const float *k_cache,
-    const float *v_cache, int64_t Hkv, int64_t group, int64_t block_size, float scale,
-    float *out) {
+    int64_t g, int64_t position, int64_t first_key, const int32_t *table, const void *k_cache,
+    const void *v_cache, const int half, int64_t Hkv, int64_t group, int64_t block_size,
+    float scale, float *out) {
     const int64_t D = 8 * DV, row = Hkv * D;
     float acc[MAX_GROUP_VALUES] __attribute__((aligned(32)));
     float running_max[64], running_sum[64];
@@ -216,7 +288,7 @@ static inline __attribute__((always_inline)) void attend8(
             _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), lane),
             _mm256_cmpgt_epi32(lane, _mm256_set1_epi32((int)hidden - 1))));
         const int64_t slot = (int64_t)table[first / block_size] * block_size + first % block_size;
-        const float *keys = k_cache + slot * row + g * D, *values = v_cache + slot * row + g * D;
+        const int64_t base = slot * row + g * D; /* the first key's and value's index */
         for (int64_t h = 0; h < group; h++) {
             const float *qh = q + t * q_tok_stride + (g * group + h) * q_head_stride;
             __m256 partial[8];
@@ -225,7 +297,7 @@ static inline __attribute__((always_inline)) void attend8(
                 if (j < n)
                     for (int c = 0; c < DV; c++)
                         partial[j] = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * c),
-                                                     _mm256_loadu_ps(keys + j * row + 8 * c),
+                                                     load8(k_cache, base + j * row + 8 * c, half),
                                                      partial[j]);
             }
             const __m256 scores =
@@ -245,7 +317,7 @@ static inline __attribute__((always_inline)) void attend8(
                 __m256 sum = _mm256_mul_ps(_mm256_load_ps(a + 8 * c), fix);
                 for (int64_t j = 0; j < n; j++)
                     sum = _mm256_fmadd_ps(_mm256_set1_ps(weight[j]),
-                                          _mm256_loadu_ps(values + j * row + 8 * c), sum);
+                                          load8(v_cache, base + j * row + 8 * c, half), sum);
                 _mm256_store_ps(a + 8 * c, sum);
             }
         }
@@ -271,27 +343,62 @@ static inline float exp_shifted(float *s, int64_t n, float shift) {
 }
 #endif
 
-static inline float dot(const float *a, const float *b, int64_t n) {
+/* The dot product of a[0..n) with the n cache values from `index` on. */
+static inline float dot(const float *a, const void *cache, int64_t index, int64_t n, int half) {
     float sum = 0.0f;
+    if (half) {
+        const uint16_t *b = (const uint16_t *)cache + index;
+        for (int64_t i = 0; i < n; i++) sum += a[i] * half_to_float(b[i]);
+        return sum;
+    }
+    const float *b = (const float *)cache + index;
 #pragma omp simd reduction(+ : sum)
     for (int64_t i = 0; i < n; i++) sum += a[i] * b[i];
     return sum;
 }
 
-/* A negative slot (a padding row of a replayed decode step) is not written. */
+/* a[0..n) += p times the n cache values from `index` on. */
+static inline void add_scaled(float *a, float p, const void *cache, int64_t index, int64_t n,
+                              int half) {
+    if (half) {
+        const uint16_t *v = (const uint16_t *)cache + index;
+        for (int64_t d = 0; d < n; d++) a[d] += p * half_to_float(v[d]);
+        return;
+    }
+    const float *v = (const float *)cache + index;
+#pragma omp simd
+    for (int64_t d = 0; d < n; d++) a[d] += p * v[d];
+}
+
+/* Writes each token's Hkv rows of D values at its slot, rounded to float16 when half. A
+ * negative slot (a padding row of a replayed decode step) is not written. */
 static void write_rows(const float *src, int64_t tok_stride, int64_t head_stride,
-                       const int64_t *slots, int64_t T, int64_t Hkv, int64_t D, float *cache) {
+                       const int64_t *slots, int64_t T, int64_t Hkv, int64_t D, void *cache,
+                       int half) {
     for (int64_t t = 0; t < T; t++)
-        for (int64_t g = 0; g < Hkv && slots[t] >= 0; g++)
-            memcpy(cache + (slots[t] * Hkv + g) * D, src + t * tok_stride + g * head_stride,
-                   D * sizeof(float));
+        for (int64_t g = 0; g < Hkv && slots[t] >= 0; g++) {
+            const float *row = src + t * tok_stride + g * head_stride;
+            const int64_t at = (slots[t] * Hkv + g) * D;
+            if (!half) {
+                memcpy((float *)cache + at, row, D * sizeof(float));
+                continue;
+            }
+            uint16_t *to = (uint16_t *)cache + at;
+            int64_t d = 0;
+#if defined(__F16C__)
+            for (; d + 8 <= D; d += 8)
+                _mm_storeu_si128((__m128i *)(to + d),
+                                 _mm256_cvtps_ph(_mm256_loadu_ps(row + d),
+                                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+            for (; d < D; d++) to[d] = float_to_half(row[d]);
+        }
 }
 
 static void attend(const float *q, int64_t q_tok_stride, int64_t q_head_stride, int64_t t,
                    int64_t g, int64_t position, int64_t first_key, const int32_t *table,
-                   const float *k_cache,
-                   const float *v_cache, int64_t Hkv, int64_t group, int64_t D,
-                   int64_t block_size, float scale, float *out) {
+                   const void *k_cache, const void *v_cache, int half, int64_t Hkv, int64_t group,
+                   int64_t D, int64_t block_size, float scale, float *out) {
     float acc[MAX_GROUP_VALUES];
     float running_max[64], running_sum[64], scores[64 * 64];
     memset(acc, 0, sizeof(float) * group * D);
@@ -311,7 +418,7 @@ static void attend(const float *q, int64_t q_tok_stride, int64_t q_head_stride, 
             float tile_max = -INFINITY;
             for (int64_t j = 0; j < n; j++) {
                 s[j] = j < hidden ? -INFINITY
-                                  : dot(qh, k_cache + ((base_slot + j) * Hkv + g) * D, D) * scale;
+                                  : dot(qh, k_cache, ((base_slot + j) * Hkv + g) * D, D, half) * scale;
                 if (s[j] > tile_max) tile_max = s[j];
             }
             const float new_max = tile_max > running_max[h] ? tile_max : running_max[h];
@@ -322,12 +429,8 @@ static void attend(const float *q, int64_t q_tok_stride, int64_t q_head_stride, 
             if (correction != 1.0f)
                 for (int64_t d = 0; d < D; d++) a[d] *= correction;
             running_sum[h] += exp_shifted(s, n, new_max);
-            for (int64_t j = 0; j < n; j++) {
-                const float p = s[j];
-                const float *v = v_cache + ((base_slot + j) * Hkv + g) * D;
-#pragma omp simd
-                for (int64_t d = 0; d < D; d++) a[d] += p * v[d];
-            }
+            for (int64_t j = 0; j < n; j++)
+                add_scaled(a, s[j], v_cache, ((base_slot + j) * Hkv + g) * D, D, half);
         }
     }
     for (int64_t h = 0; h < group; h++) {
@@ -341,13 +444,14 @@ static void attend(const float *q, int64_t q_tok_stride, int64_t q_head_stride, 
  * rest. */
 static void attend_any(const float *q, int64_t q_tok_stride, int64_t q_head_stride, int64_t t,
                        int64_t g, int64_t position, int64_t first_key, const int32_t *table,
-                       const float *k_cache,
-                       const float *v_cache, int64_t Hkv, int64_t group, int64_t D,
-                       int64_t block_size, float scale, float *out) {
+                       const void *k_cache, const void *v_cache, int half, int64_t Hkv,
+                       int64_t group, int64_t D, int64_t block_size, float scale, float *out) {
 #if defined(__AVX512F__)
 #define ATTEND16(DV)                                                                         \
-    attend16(DV, q, q_tok_stride, q_head_stride, t, g, position, first_key, table, k_cache,   \
-             v_cache, Hkv, group, block_size, scale, out)
+    (half ? attend16(DV, q, q_tok_stride, q_head_stride, t, g, position, first_key, table,    \
+                     k_cache, v_cache, 1, Hkv, group, block_size, scale, out)                 \
+          : attend16(DV, q, q_tok_stride, q_head_stride, t, g, position, first_key, table,    \
+                     k_cache, v_cache, 0, Hkv, group, block_size, scale, out))
     if (block_size % 16 == 0) switch (D) {
             case 32: ATTEND16(2); return;
             case 64: ATTEND16(4); return;
@@ -357,9 +461,16 @@ static void attend_any(const float *q, int64_t q_tok_stride, int64_t q_head_stri
 #undef ATTEND16
 #elif defined(__AVX2__) && defined(__FMA__)
 #define ATTEND8(DV)                                                                          \
-    attend8(DV, q, q_tok_stride, q_head_stride, t, g, position, first_key, table, k_cache,    \
-            v_cache, Hkv, group, block_size, scale, out)
-    if (block_size % 8 == 0) switch (D) {
+    (half ? attend8(DV, q, q_tok_stride, q_head_stride, t, g, position, first_key, table,     \
+                    k_cache, v_cache, 1, Hkv, group, block_size, scale, out)                  \
+          : attend8(DV, q, q_tok_stride, q_head_stride, t, g, position, first_key, table,     \
+                    k_cache, v_cache, 0, Hkv, group, block_size, scale, out))
+#if defined(__F16C__)
+    const int vector_loads = 1;
+#else
+    const int vector_loads = !half;
+#endif
+    if (block_size % 8 == 0 && vector_loads) switch (D) {
             case 32: ATTEND8(4); return;
             case 64: ATTEND8(8); return;
             case 128: ATTEND8(16); return;
@@ -368,22 +479,24 @@ static void attend_any(const float *q, int64_t q_tok_stride, int64_t q_head_stri
 #undef ATTEND8
 #endif
     attend(q, q_tok_stride, q_head_stride, t, g, position, first_key, table, k_cache, v_cache,
-           Hkv, group, D, block_size, scale, out);
+           half, Hkv, group, D, block_size, scale, out);
 }
 
 /* Returns 0, or -1 when a shape exceeds the kernel's stack buffers. */
 int vl_paged_attention(const float *q, int64_t q_tok_stride, int64_t q_head_stride,
                        const float *k_new, int64_t k_tok_stride, int64_t k_head_stride,
                        const float *v_new, int64_t v_tok_stride, int64_t v_head_stride,
-                       const int64_t *slot_mapping, int64_t T, float *k_cache, float *v_cache,
+                       const int64_t *slot_mapping, int64_t T, void *k_cache, void *v_cache,
                        const int32_t *block_tables, int64_t table_stride,
                        const int32_t *seq_lens, const int32_t *query_start_loc,
                        int64_t num_seqs, int64_t H, int64_t Hkv, int64_t D, int64_t block_size,
-                       float scale, int64_t window, float *out, int num_threads) {
+                       float scale, int64_t window, int64_t cache_half, float *out,
+                       int num_threads) {
+    const int half = cache_half != 0;
     const int64_t group = H / Hkv;
     if (group > 64 || block_size > 64 || group * D > MAX_GROUP_VALUES) return -1;
-    write_rows(k_new, k_tok_stride, k_head_stride, slot_mapping, T, Hkv, D, k_cache);
-    write_rows(v_new, v_tok_stride, v_head_stride, slot_mapping, T, Hkv, D, v_cache);
+    write_rows(k_new, k_tok_stride, k_head_stride, slot_mapping, T, Hkv, D, k_cache, half);
+    write_rows(v_new, v_tok_stride, v_head_stride, slot_mapping, T, Hkv, D, v_cache, half);
     int64_t *seq_of = malloc(sizeof(int64_t) * 2 * (T > 0 ? T : 1));
     int64_t *position = seq_of + T;
     for (int64_t s = 0; s < num_seqs; s++) {
@@ -398,8 +511,8 @@ int vl_paged_attention(const float *q, int64_t q_tok_stride, int64_t q_head_stri
         for (int64_t g = 0; g < Hkv; g++)
             attend_any(q, q_tok_stride, q_head_stride, t, g, position[t],
                        window > 0 && position[t] + 1 > window ? position[t] + 1 - window : 0,
-                       block_tables + seq_of[t] * table_stride, k_cache, v_cache, Hkv, group, D,
-                       block_size, scale, out);
+                       block_tables + seq_of[t] * table_stride, k_cache, v_cache, half, Hkv,
+                       group, D, block_size, scale, out);
     free(seq_of);
     return 0;
 }

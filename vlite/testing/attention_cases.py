@@ -149,12 +149,15 @@ def run_case(
     device: str | torch.device = "cpu",
     sliding_window: int | None = None,
     soft_cap: float | None = None,
+    cache_dtype: torch.dtype | None = None,
 ) -> list[StepResult]:
     """Drive ``backend`` through the prefix, batch and decode steps of ``batch``.
 
     Inputs are drawn on the CPU (so they do not depend on ``device``) and moved there;
     outputs come back on the CPU. ``sliding_window`` and ``soft_cap`` are passed to the
-    backend (only when set) and to the reference.
+    backend (only when set) and to the reference. ``cache_dtype`` (default ``dtype``) is the
+    KV cache's (``AttentionBackend.kv_cache_dtypes``): the reference then attends over the
+    keys and values rounded to it, as the cache holds them.
     """
     layer_options: dict[str, float] = {}
     if sliding_window is not None:
@@ -171,7 +174,8 @@ def run_case(
     pool = torch.randperm(num_blocks, generator=gen).tolist()
     tables = [[pool.pop() for _ in range(n)] for n in blocks_per_seq]
     cache_shape = backend.kv_cache_shape(num_blocks)
-    kv_cache = (10 * torch.randn(cache_shape, generator=gen)).to(device, dtype)  # garbage
+    cache_dtype = dtype if cache_dtype is None else cache_dtype
+    kv_cache = (10 * torch.randn(cache_shape, generator=gen)).to(device, cache_dtype)  # garbage
     qkv = []
     for length in final_lens:
         q = torch.randn(length, shape.num_heads, shape.head_dim, generator=gen).to(dtype)
@@ -204,8 +208,8 @@ def run_case(
             [
                 dense_causal_attention(
                     qkv[i][0][s : s + n],
-                    qkv[i][1][: s + n],
-                    qkv[i][2][: s + n],
+                    qkv[i][1][: s + n].to(cache_dtype).to(dtype),
+                    qkv[i][2][: s + n].to(cache_dtype).to(dtype),
                     shape.scale,
                     sliding_window,
                     soft_cap,

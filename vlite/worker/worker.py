@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from vlite.core.attention_selection import resolve_attention_backend
+from vlite.core.attention_selection import resolve_attention_backend, resolve_kv_cache_dtype
 from vlite.core.config import VliteConfig
 from vlite.core.errors import ConfigError
 from vlite.core.memory import WorkerMemory
@@ -101,6 +101,15 @@ class Worker:
             head_dim=spec.head_dim,
             block_size=self.config.block_size,
         )
+        #: The dtype the KV cache stores (``kv_cache_dtype``, resolved for the backend).
+        self.kv_cache_dtype = resolve_kv_cache_dtype(
+            self.config.kv_cache_dtype,
+            self.dtype,
+            self.device,
+            attn_backend_cls,
+            self.attention_backend_name,
+            gguf=spec.is_gguf,
+        )
         # The plan the engine checked, made again for the formats this worker loads with.
         self.quantization = spec.quantization_plan(
             self.config.quantization,
@@ -185,7 +194,9 @@ class Worker:
         total = 0
         for model in self._models():
             shape = model.attention.kv_cache_shape(1)
-            total += model.num_layers * int(torch.Size(shape).numel()) * self.dtype.itemsize
+            total += (
+                model.num_layers * int(torch.Size(shape).numel()) * self.kv_cache_dtype.itemsize
+            )
         return total
 
     def weights_bytes(self) -> int:
@@ -261,7 +272,7 @@ class Worker:
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Allocate the KV cache; then capture the decode forward (CUDA graphs on CUDA, the
         C calls on the CPU) and print what that cost, or why there is none."""
-        self.runner.initialize_kv_cache(num_blocks, self.dtype)
+        self.runner.initialize_kv_cache(num_blocks, self.kv_cache_dtype)
         if self.config.enforce_eager:
             return
         if self.device.type == "cpu":

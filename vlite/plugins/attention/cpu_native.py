@@ -7,7 +7,9 @@ prompt chunks, prefix-cache hits and decodes are one code path (each token sees 
 ``0..position``). The kernel (``vlite/kernels/paged_attention.c``) is compiled on first use
 (:mod:`vlite.kernels.native`); it computes in float32, with an online softmax rescaled once
 per cache block, so its results match the ``torch`` reference to float32 rounding, not bit
-for bit. A windowed layer's tokens start at their window's first key.
+for bit. A windowed layer's tokens start at their window's first key. The cache may hold
+float16 (``kv_cache_dtype``; the default for float32 models on the CPU): keys and values
+are rounded to it as they are written, and read back as float32.
 
 ``auto`` prefers it on the CPU for float32 models; bfloat16/float16 stay with ``torch``.
 """
@@ -33,6 +35,7 @@ class CpuAttentionBackend(AttentionBackend):
     supported_block_sizes = (16, 32, 64)
     supports_sliding_window = True
     supports_logits_soft_cap = True  # through the torch reference
+    kv_cache_dtypes = (torch.float16,)
 
     def __init__(
         self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, block_size: int
@@ -82,12 +85,13 @@ class CpuAttentionBackend(AttentionBackend):
     ) -> torch.Tensor:
         """See :meth:`AttentionBackend.forward`. Returns ``[num_tokens, num_heads, head_dim]``.
 
-        A cache that is not a float32 CPU tensor (outside :attr:`supported_dtypes`, e.g.
-        when ``auto`` is constructed directly and then fed bfloat16), and a soft-capped
-        layer (the kernel has no cap), go to the ``torch`` reference instead.
+        Queries that are not float32 and a cache that is neither float32 nor float16 on the
+        CPU (e.g. when ``auto`` is constructed directly and then fed bfloat16), and a
+        soft-capped layer (the kernel has no cap), go to the ``torch`` reference instead.
         """
         if (
-            kv_cache.dtype != torch.float32
+            query.dtype != torch.float32
+            or kv_cache.dtype not in (torch.float32, torch.float16)
             or kv_cache.device.type != "cpu"
             or logits_soft_cap is not None
         ):

@@ -41,7 +41,8 @@ class AttentionBackendConformance(PluginConformance):
     Capability flags and limits (class attributes of the backend, see
     :class:`~vlite.core.attention.AttentionBackend`): ``supports_prefix_caching``,
     ``supports_sliding_window``, ``supports_logits_soft_cap``, ``supports_cuda_graphs``,
-    ``supported_dtypes``, ``supported_head_dims``, ``supported_block_sizes``; shapes outside
+    ``kv_cache_dtypes``, ``supported_dtypes``, ``supported_head_dims``,
+    ``supported_block_sizes``; shapes outside
     the backend's limits are skipped.
 
     Attributes:
@@ -126,9 +127,18 @@ class AttentionBackendConformance(PluginConformance):
         seed: int = 0,
         sliding_window: int | None = None,
         soft_cap: float | None = None,
+        cache_dtype: torch.dtype | None = None,
     ) -> None:
         results = run_case(
-            backend, shape, batch, dtype, seed, self.device, sliding_window, soft_cap
+            backend,
+            shape,
+            batch,
+            dtype,
+            seed,
+            self.device,
+            sliding_window,
+            soft_cap,
+            cache_dtype=cache_dtype,
         )
         self.check_results(results, shape, dtype)
 
@@ -243,6 +253,26 @@ class AttentionBackendConformance(PluginConformance):
         backend = self.make_backend(plugin_cls, shape)
         cached_prefill = self.claims(plugin_cls, "supports_prefix_caching")
         self.check_case(backend, shape, boundary_batch(shape.block_size, cached_prefill), dtype)
+
+    def test_kv_cache_dtypes_match_attention_over_the_rounded_keys(self, plugin_cls) -> None:
+        """Each cache dtype in ``kv_cache_dtypes`` holds the keys and values rounded to it,
+        and attention over them matches the reference fed the same rounded keys and values
+        (prefill, prefix hits, decodes; with a window and a soft cap where claimed)."""
+        claimed = [d for d in plugin_cls.kv_cache_dtypes if d != torch.float32]
+        if not claimed:
+            pytest.skip("the backend takes no other KV-cache dtype than the model's")
+        shape = AttentionShape(self.head_dims[0], self.gqa_ratios[-1], self.block_sizes[0])
+        backend = self.make_backend(plugin_cls, shape)
+        cached_prefill = self.claims(plugin_cls, "supports_prefix_caching")
+        batch = boundary_batch(shape.block_size, cached_prefill)
+        options: list[dict[str, Any]] = [{}]
+        if self.claims(plugin_cls, "supports_sliding_window"):
+            options.append({"sliding_window": shape.block_size + 3})
+        if self.claims(plugin_cls, "supports_logits_soft_cap"):
+            options.append({"soft_cap": 2.0})
+        for cache_dtype in claimed:
+            for layer_options in options:
+                self.check_case(backend, shape, batch, cache_dtype=cache_dtype, **layer_options)
 
     def test_decode_replays_over_rewritten_metadata(self, plugin_cls) -> None:
         """A backend claiming ``supports_cuda_graphs`` computes every decode step right
