@@ -10,6 +10,10 @@ SmolLM2-135M's (9 query and 3 KV heads of 64, 30 layers) at the batched workload
 
     python benchmarks/cpu_attention.py                          # 32 sequences of 200 tokens
     python benchmarks/cpu_attention.py --seqs 1 --context 4096   # one long stream
+
+``--baseline FILE`` also builds another ``paged_attention.c`` (the headers beside it must
+be there too; e.g. ``git show REV:vlite/kernels/paged_attention.c``) with the same flags and
+alternates it with today's kernel, for an A/B of a kernel change.
 """
 
 from __future__ import annotations
@@ -17,11 +21,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 import torch
 from quantized_activations import describe_cpu  # benchmarks/: its folder is on sys.path
 
-from vlite.kernels.native import paged_attention_kernel
+from vlite.kernels import native
 
 BLOCK_SIZE = 16
 
@@ -36,10 +41,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--baseline", type=Path, help="another paged_attention.c to compare")
     return parser.parse_args()
 
 
-def decode_step(args: argparse.Namespace, dtype: torch.dtype, seed: int):
+def decode_step(args: argparse.Namespace, kernel, dtype: torch.dtype, seed: int):
     """``run()``: one decode step's attention over ``--layers`` caches of ``dtype``."""
     gen = torch.Generator().manual_seed(seed)
     blocks_per_seq = -(-(args.context + 1) // BLOCK_SIZE)
@@ -49,7 +55,7 @@ def decode_step(args: argparse.Namespace, dtype: torch.dtype, seed: int):
     caches = [torch.randn(shape, generator=gen).to(dtype) for _ in range(args.layers)]
     position = args.context  # the new token's; it sees context + 1 keys
     slots = tables[:, position // BLOCK_SIZE].long() * BLOCK_SIZE + position % BLOCK_SIZE
-    step = paged_attention_kernel().step(
+    step = kernel.step(
         slots,
         tables.contiguous(),
         torch.full((args.seqs,), position + 1, dtype=torch.int32),
@@ -70,13 +76,21 @@ def decode_step(args: argparse.Namespace, dtype: torch.dtype, seed: int):
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)  # the kernels read torch's thread count
+    kernels = {"": native.paged_attention_kernel()}
+    if args.baseline is not None:
+        library = native.build_library(args.baseline.resolve(), native.FLAGS)
+        kernels = {"baseline ": native.PagedAttentionKernel(library), "today's ": kernels[""]}
     dtypes = {"float32": torch.float32, "float16": torch.float16}
-    runs = {name: decode_step(args, dtype, seed=1) for name, dtype in dtypes.items()}
-    times: dict[str, list[float]] = {name: [] for name in dtypes}
-    for run in runs.values():
+    runs = {
+        f"{label}{name}": (dtype, decode_step(args, kernel, dtype, seed=1))
+        for name, dtype in dtypes.items()
+        for label, kernel in kernels.items()
+    }
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _, run in runs.values():
         run()  # warm-up (and the kernel's build)
     for _ in range(args.repeats):
-        for name, run in runs.items():
+        for name, (_, run) in runs.items():
             start = time.perf_counter()
             run()
             times[name].append(time.perf_counter() - start)
@@ -88,8 +102,8 @@ def main() -> None:
     )
     print("| cache | best ms | median ms | cache read | best GB/s |")
     print("|---|---:|---:|---:|---:|")
-    for name, dtype in dtypes.items():
-        keys = args.seqs * (args.context + 1) * args.layers
+    keys = args.seqs * (args.context + 1) * args.layers
+    for name, (dtype, _) in runs.items():
         read = 2 * keys * args.kv_heads * args.head_dim * dtype.itemsize
         best, median = min(times[name]), statistics.median(times[name])
         print(

@@ -143,7 +143,9 @@ def test_greedy_tokens_and_logprobs_from_a_gguf_file_match_transformers(tiny_ggu
     hf_tokenizer = AutoTokenizer.from_pretrained(folder)
     assert any(len(hf_tokenizer.encode(p)) > hf_model.config.sliding_window for p in PROMPTS)
 
-    llm = LLM(model=str(path), dtype="float32", num_kv_blocks=32)
+    # The cache in float32 too: float16 (the GGUF default) rounds keys where transformers
+    # does not.
+    llm = LLM(model=str(path), dtype="float32", num_kv_blocks=32, kv_cache_dtype="float32")
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=3)
     outputs = llm.generate(PROMPTS, params, use_tqdm=False)
 
@@ -189,6 +191,7 @@ def test_the_c_kernels_compute_what_pytorchs_ops_compute_on_the_same_weights(qua
         num_kv_blocks=32,
         enforce_eager=True,
         quantized_activations="off",
+        kv_cache_dtype="float32",  # float16 would round the two paths' keys apart
     )
     model = fused.llm_engine.engine_core.executor.worker.runner.model
     assert model.native_ops is not None
@@ -196,7 +199,12 @@ def test_the_c_kernels_compute_what_pytorchs_ops_compute_on_the_same_weights(qua
     assert norms and all(norm.native is not None for norm in norms)
     expected = _greedy_with_logprobs(fused)
     del fused
-    plain = LLM(model=str(quantized_gemma), num_kv_blocks=32, quantization="none")
+    plain = LLM(
+        model=str(quantized_gemma),
+        num_kv_blocks=32,
+        quantization="none",
+        kv_cache_dtype="float32",
+    )
     assert plain.llm_engine.engine_core.executor.worker.runner.model.native_ops is None
     for got, want in zip(_greedy_with_logprobs(plain), expected, strict=True):
         assert got.token_ids == want.token_ids

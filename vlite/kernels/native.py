@@ -588,6 +588,8 @@ class PagedAttentionKernel:
                 scale, sliding_window or 0, int(kv_cache.dtype == torch.float16),
                 out.data_ptr(), THREADS,
             )  # fmt: skip
+            if status == -2:
+                raise MemoryError(f"paged attention: no memory for {num_tokens} tokens' chunks")
             if status != 0:
                 raise RuntimeError(
                     f"paged attention kernel refused the shape (heads {num_heads}/"

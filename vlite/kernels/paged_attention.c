@@ -16,8 +16,10 @@
  * sliding window > 0, keys position - window + 1 .. position: the loops start at the first
  * visible key's group and mask the keys before it).
  *
- * Work item = (token, KV head): the query heads that share the KV head are done together,
- * with an online softmax that is rescaled once per group of keys. With AVX-512 and a head
+ * Work item = (token, KV head) or, in a step of few tokens, (chunk of a token's keys, KV
+ * head): the query heads that share the KV head are done together, with an online softmax
+ * that is rescaled once per group of keys; chunks of 256 keys at fixed positions are folded
+ * in order, so a token's result does not depend on its batch or the threads. With AVX-512 and a head
  * size of 32, 64, 128 or 256 (attend16), keys go 16 at a time: their 16 scores are summed into one
  * vector by a transposing tree of shuffles, the exponentials are a degree-7 polynomial
  * (within 1e-8 relative of expf) on that vector, and the head's output accumulator stays in
@@ -153,19 +155,17 @@ static inline __m512 lane_sums16(const __m512 v[16]) {
  */
 static inline __attribute__((always_inline)) void attend16(
     const int DV, const float *q, int64_t q_tok_stride, int64_t q_head_stride, int64_t t,
-    int64_t g, int64_t position, int64_t first_key, const int32_t *table, const void *k_cache,
+    int64_t g, int64_t first_key, int64_t key_end, const int32_t *table, const void *k_cache,
     const void *v_cache, const int half, int64_t Hkv, int64_t group, int64_t block_size,
-    float scale, float *out) {
+    float scale, float *acc, float *running_max, float *running_sum) {
     const int64_t D = 16 * DV, row = Hkv * D; /* values from one cache slot to the next */
-    float acc[MAX_GROUP_VALUES] __attribute__((aligned(64)));
-    float running_max[64], running_sum[64];
     memset(acc, 0, sizeof(float) * group * D);
     for (int64_t h = 0; h < group; h++) {
         running_max[h] = -INFINITY;
         running_sum[h] = 0.0f;
     }
     const __m512 scale16 = _mm512_set1_ps(scale);
-    const int64_t num_keys = position + 1;
+    const int64_t num_keys = key_end;
     for (int64_t first = first_key & ~(int64_t)15; first < num_keys; first += 16) {
         const int64_t n = num_keys - first < 16 ? num_keys - first : 16;
         __mmask16 valid = n == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
@@ -217,12 +217,6 @@ static inline __attribute__((always_inline)) void attend16(
             for (int c = 0; c < DV; c++) _mm512_store_ps(a + 16 * c, _mm512_add_ps(even[c], odd[c]));
         }
     }
-    for (int64_t h = 0; h < group; h++) {
-        const __m512 inv = _mm512_set1_ps(1.0f / running_sum[h]);
-        float *o = out + (t * Hkv * group + g * group + h) * D;
-        for (int c = 0; c < DV; c++)
-            _mm512_storeu_ps(o + 16 * c, _mm512_mul_ps(_mm512_load_ps(acc + h * D + 16 * c), inv));
-    }
 }
 #elif defined(__AVX2__) && defined(__FMA__)
 #include "vec_exp.h"
@@ -267,12 +261,10 @@ static inline __m256 lane_sums8(const __m256 v[8]) {
  */
 static inline __attribute__((always_inline)) void attend8(
     const int DV, const float *q, int64_t q_tok_stride, int64_t q_head_stride, int64_t t,
-    int64_t g, int64_t position, int64_t first_key, const int32_t *table, const void *k_cache,
+    int64_t g, int64_t first_key, int64_t key_end, const int32_t *table, const void *k_cache,
     const void *v_cache, const int half, int64_t Hkv, int64_t group, int64_t block_size,
-    float scale, float *out) {
+    float scale, float *acc, float *running_max, float *running_sum) {
     const int64_t D = 8 * DV, row = Hkv * D;
-    float acc[MAX_GROUP_VALUES] __attribute__((aligned(32)));
-    float running_max[64], running_sum[64];
     memset(acc, 0, sizeof(float) * group * D);
     for (int64_t h = 0; h < group; h++) {
         running_max[h] = -INFINITY;
@@ -280,7 +272,7 @@ static inline __attribute__((always_inline)) void attend8(
     }
     const __m256 scale8 = _mm256_set1_ps(scale), minus_inf = _mm256_set1_ps(-INFINITY);
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const int64_t num_keys = position + 1;
+    const int64_t num_keys = key_end;
     for (int64_t first = first_key & ~(int64_t)7; first < num_keys; first += 8) {
         const int64_t n = num_keys - first < 8 ? num_keys - first : 8;
         const int64_t hidden = first < first_key ? first_key - first : 0;
@@ -321,12 +313,6 @@ static inline __attribute__((always_inline)) void attend8(
                 _mm256_store_ps(a + 8 * c, sum);
             }
         }
-    }
-    for (int64_t h = 0; h < group; h++) {
-        const __m256 inv = _mm256_set1_ps(1.0f / running_sum[h]);
-        float *o = out + (t * Hkv * group + g * group + h) * D;
-        for (int c = 0; c < DV; c++)
-            _mm256_storeu_ps(o + 8 * c, _mm256_mul_ps(_mm256_load_ps(acc + h * D + 8 * c), inv));
     }
 }
 
@@ -396,17 +382,17 @@ static void write_rows(const float *src, int64_t tok_stride, int64_t head_stride
 }
 
 static void attend(const float *q, int64_t q_tok_stride, int64_t q_head_stride, int64_t t,
-                   int64_t g, int64_t position, int64_t first_key, const int32_t *table,
+                   int64_t g, int64_t first_key, int64_t key_end, const int32_t *table,
                    const void *k_cache, const void *v_cache, int half, int64_t Hkv, int64_t group,
-                   int64_t D, int64_t block_size, float scale, float *out) {
-    float acc[MAX_GROUP_VALUES];
-    float running_max[64], running_sum[64], scores[64 * 64];
+                   int64_t D, int64_t block_size, float scale, float *acc, float *running_max,
+                   float *running_sum) {
+    float scores[64 * 64];
     memset(acc, 0, sizeof(float) * group * D);
     for (int64_t h = 0; h < group; h++) {
         running_max[h] = -INFINITY;
         running_sum[h] = 0.0f;
     }
-    const int64_t num_keys = position + 1;
+    const int64_t num_keys = key_end;
     for (int64_t first = first_key - first_key % block_size; first < num_keys;
          first += block_size) {
         const int64_t n = num_keys - first < block_size ? num_keys - first : block_size;
@@ -433,25 +419,23 @@ static void attend(const float *q, int64_t q_tok_stride, int64_t q_head_stride, 
                 add_scaled(a, s[j], v_cache, ((base_slot + j) * Hkv + g) * D, D, half);
         }
     }
-    for (int64_t h = 0; h < group; h++) {
-        float *o = out + (t * Hkv * group + g * group + h) * D;
-        const float inv = 1.0f / running_sum[h];
-        for (int64_t d = 0; d < D; d++) o[d] = acc[h * D + d] * inv;
-    }
 }
 
-/* attend16 or attend8 for the head sizes models use (64, 128, 256, ...), attend for the
- * rest. */
-static void attend_any(const float *q, int64_t q_tok_stride, int64_t q_head_stride, int64_t t,
-                       int64_t g, int64_t position, int64_t first_key, const int32_t *table,
-                       const void *k_cache, const void *v_cache, int half, int64_t Hkv,
-                       int64_t group, int64_t D, int64_t block_size, float scale, float *out) {
+/* One chunk of one token's keys for the query heads of KV head g: keys first_key ..
+ * key_end - 1 (a chunk of CHUNK_KEYS, see below), unnormalized: acc [group * D] holds each
+ * head's sum of softmax-weighted values relative to its running maximum, and running_sum
+ * the weights' sum. attend16 or attend8 for the head sizes models use (64, 128, 256, ...),
+ * attend for the rest. */
+static void attend_chunk(const float *q, int64_t q_tok_stride, int64_t q_head_stride, int64_t t,
+                         int64_t g, int64_t first_key, int64_t key_end, const int32_t *table,
+                         const void *k_cache, const void *v_cache, int half, int64_t Hkv,
+                         int64_t group, int64_t D, int64_t block_size, float scale, float *acc,
+                         float *running_max, float *running_sum) {
+#define ARGS(HALF)                                                                           \
+    q, q_tok_stride, q_head_stride, t, g, first_key, key_end, table, k_cache, v_cache, HALF,  \
+        Hkv, group, block_size, scale, acc, running_max, running_sum
 #if defined(__AVX512F__)
-#define ATTEND16(DV)                                                                         \
-    (half ? attend16(DV, q, q_tok_stride, q_head_stride, t, g, position, first_key, table,    \
-                     k_cache, v_cache, 1, Hkv, group, block_size, scale, out)                 \
-          : attend16(DV, q, q_tok_stride, q_head_stride, t, g, position, first_key, table,    \
-                     k_cache, v_cache, 0, Hkv, group, block_size, scale, out))
+#define ATTEND16(DV) (half ? attend16(DV, ARGS(1)) : attend16(DV, ARGS(0)))
     if (block_size % 16 == 0) switch (D) {
             case 32: ATTEND16(2); return;
             case 64: ATTEND16(4); return;
@@ -460,11 +444,7 @@ static void attend_any(const float *q, int64_t q_tok_stride, int64_t q_head_stri
         }
 #undef ATTEND16
 #elif defined(__AVX2__) && defined(__FMA__)
-#define ATTEND8(DV)                                                                          \
-    (half ? attend8(DV, q, q_tok_stride, q_head_stride, t, g, position, first_key, table,     \
-                    k_cache, v_cache, 1, Hkv, group, block_size, scale, out)                  \
-          : attend8(DV, q, q_tok_stride, q_head_stride, t, g, position, first_key, table,     \
-                    k_cache, v_cache, 0, Hkv, group, block_size, scale, out))
+#define ATTEND8(DV) (half ? attend8(DV, ARGS(1)) : attend8(DV, ARGS(0)))
 #if defined(__F16C__)
     const int vector_loads = 1;
 #else
@@ -478,11 +458,144 @@ static void attend_any(const float *q, int64_t q_tok_stride, int64_t q_head_stri
         }
 #undef ATTEND8
 #endif
-    attend(q, q_tok_stride, q_head_stride, t, g, position, first_key, table, k_cache, v_cache,
-           half, Hkv, group, D, block_size, scale, out);
+#undef ARGS
+    attend(q, q_tok_stride, q_head_stride, t, g, first_key, key_end, table, k_cache, v_cache,
+           half, Hkv, group, D, block_size, scale, acc, running_max, running_sum);
 }
 
-/* Returns 0, or -1 when a shape exceeds the kernel's stack buffers. */
+/*
+ * A token's keys are taken in chunks of CHUNK_KEYS at fixed positions (0 .. 255, 256 ..
+ * 511, ...; the first and last cut to what the token sees), each with its own online
+ * softmax, and the chunks' results are folded in order (fold_chunk). The chunks of a step
+ * with few tokens run on different threads (a decode of one sequence has as many work items
+ * as KV heads otherwise: three for two threads leaves one idle half the time), those of a
+ * step with many tokens one after the other in the token's item; the arithmetic, and so
+ * every bit of a token's result, is the same either way, whatever the batch or the threads.
+ */
+#define CHUNK_KEYS 256
+
+/* Folds a later chunk (acc2, max2, sum2) into acc, running_max and running_sum. */
+static void fold_chunk(float *acc, float *running_max, float *running_sum, const float *acc2,
+                       const float *max2, const float *sum2, int64_t group, int64_t D) {
+    for (int64_t h = 0; h < group; h++) {
+        const float top = running_max[h] > max2[h] ? running_max[h] : max2[h];
+        const float a = expf(running_max[h] - top), b = expf(max2[h] - top);
+        running_max[h] = top;
+        running_sum[h] = running_sum[h] * a + sum2[h] * b;
+        for (int64_t d = 0; d < D; d++) acc[h * D + d] = acc[h * D + d] * a + acc2[h * D + d] * b;
+    }
+}
+
+/* out [group * D] = each head's acc / running_sum. */
+static void normalize(const float *acc, const float *running_sum, int64_t group, int64_t D,
+                      float *out) {
+    for (int64_t h = 0; h < group; h++) {
+        const float inv = 1.0f / running_sum[h];
+        for (int64_t d = 0; d < D; d++) out[h * D + d] = acc[h * D + d] * inv;
+    }
+}
+
+/* The chunks of keys first_key .. key_end - 1: the first's index and how many. */
+static inline int64_t first_chunk(int64_t first_key) { return first_key / CHUNK_KEYS; }
+static inline int64_t num_chunks(int64_t first_key, int64_t key_end) {
+    return (key_end - 1) / CHUNK_KEYS - first_key / CHUNK_KEYS + 1;
+}
+
+/* Chunk c's keys, cut to first_key .. key_end - 1. */
+static inline void chunk_keys(int64_t c, int64_t first_key, int64_t key_end, int64_t *lo,
+                              int64_t *hi) {
+    *lo = c * CHUNK_KEYS > first_key ? c * CHUNK_KEYS : first_key;
+    *hi = (c + 1) * CHUNK_KEYS < key_end ? (c + 1) * CHUNK_KEYS : key_end;
+}
+
+/* Every (token, KV head) a work item, which takes the token's chunks in turn. */
+static void attend_in_turn(const float *q, int64_t q_tok_stride, int64_t q_head_stride,
+                           int64_t T, const int64_t *seq_of, const int64_t *first_key,
+                           const int64_t *key_end, const int32_t *block_tables,
+                           int64_t table_stride, const void *k_cache, const void *v_cache,
+                           int half, int64_t Hkv, int64_t group, int64_t D, int64_t block_size,
+                           float scale, float *out, int num_threads) {
+#pragma omp parallel for collapse(2) schedule(dynamic) num_threads(num_threads)
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t g = 0; g < Hkv; g++) {
+            float acc[MAX_GROUP_VALUES] __attribute__((aligned(64)));
+            float part[MAX_GROUP_VALUES] __attribute__((aligned(64)));
+            float max[64], sum[64], part_max[64], part_sum[64];
+            const int64_t c0 = first_chunk(first_key[t]);
+            const int64_t n = num_chunks(first_key[t], key_end[t]);
+            for (int64_t c = c0; c < c0 + n; c++) {
+                int64_t lo, hi;
+                chunk_keys(c, first_key[t], key_end[t], &lo, &hi);
+                const int first = c == c0;
+                attend_chunk(q, q_tok_stride, q_head_stride, t, g, lo, hi,
+                             block_tables + seq_of[t] * table_stride, k_cache, v_cache, half,
+                             Hkv, group, D, block_size, scale, first ? acc : part,
+                             first ? max : part_max, first ? sum : part_sum);
+                if (!first) fold_chunk(acc, max, sum, part, part_max, part_sum, group, D);
+            }
+            normalize(acc, sum, group, D, out + (t * Hkv + g) * group * D);
+        }
+}
+
+/* Every (chunk, KV head) a work item, its result kept, then each (token, KV head)'s chunks
+ * folded in order: for steps with fewer (token, KV head) pairs than the threads can share.
+ * Returns 0, or -2 when its memory cannot be had. */
+static int attend_spread(const float *q, int64_t q_tok_stride, int64_t q_head_stride, int64_t T,
+                         const int64_t *seq_of, const int64_t *first_key,
+                         const int64_t *key_end, int64_t num_token_chunks,
+                         const int32_t *block_tables, int64_t table_stride,
+                         const void *k_cache, const void *v_cache, int half, int64_t Hkv,
+                         int64_t group, int64_t D, int64_t block_size, float scale, float *out,
+                         int num_threads) {
+    const int64_t values = (group * D + 15) & ~(int64_t)15, stride = values + 2 * 64;
+    int64_t *chunk_token = malloc(sizeof(int64_t) * 2 * num_token_chunks);
+    float *scratch = aligned_alloc(64, sizeof(float) * (size_t)(num_token_chunks * Hkv * stride));
+    int64_t *token_start = malloc(sizeof(int64_t) * (T + 1));
+    if (chunk_token == NULL || scratch == NULL || token_start == NULL) {
+        free(chunk_token);
+        free(scratch);
+        free(token_start);
+        return -2;
+    }
+    int64_t *chunk_index = chunk_token + num_token_chunks;
+    for (int64_t t = 0, i = 0; t < T; t++) {
+        token_start[t] = i;
+        const int64_t c0 = first_chunk(first_key[t]);
+        for (int64_t c = c0; c < c0 + num_chunks(first_key[t], key_end[t]); c++, i++) {
+            chunk_token[i] = t;
+            chunk_index[i] = c;
+        }
+        token_start[t + 1] = i;
+    }
+#pragma omp parallel for schedule(dynamic) num_threads(num_threads)
+    for (int64_t item = 0; item < num_token_chunks * Hkv; item++) {
+        const int64_t i = item / Hkv, g = item % Hkv, t = chunk_token[i];
+        int64_t lo, hi;
+        chunk_keys(chunk_index[i], first_key[t], key_end[t], &lo, &hi);
+        float *result = scratch + item * stride;
+        attend_chunk(q, q_tok_stride, q_head_stride, t, g, lo, hi,
+                     block_tables + seq_of[t] * table_stride, k_cache, v_cache, half, Hkv,
+                     group, D, block_size, scale, result, result + values, result + values + 64);
+    }
+#pragma omp parallel for collapse(2) num_threads(num_threads)
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t g = 0; g < Hkv; g++) {
+            float *first = scratch + (token_start[t] * Hkv + g) * stride;
+            for (int64_t i = token_start[t] + 1; i < token_start[t + 1]; i++) {
+                const float *later = scratch + (i * Hkv + g) * stride;
+                fold_chunk(first, first + values, first + values + 64, later, later + values,
+                           later + values + 64, group, D);
+            }
+            normalize(first, first + values + 64, group, D, out + (t * Hkv + g) * group * D);
+        }
+    free(chunk_token);
+    free(scratch);
+    free(token_start);
+    return 0;
+}
+
+/* Returns 0, -1 when a shape exceeds the kernel's stack buffers, or -2 when memory
+ * cannot be had. */
 int vl_paged_attention(const float *q, int64_t q_tok_stride, int64_t q_head_stride,
                        const float *k_new, int64_t k_tok_stride, int64_t k_head_stride,
                        const float *v_new, int64_t v_tok_stride, int64_t v_head_stride,
@@ -497,22 +610,30 @@ int vl_paged_attention(const float *q, int64_t q_tok_stride, int64_t q_head_stri
     if (group > 64 || block_size > 64 || group * D > MAX_GROUP_VALUES) return -1;
     write_rows(k_new, k_tok_stride, k_head_stride, slot_mapping, T, Hkv, D, k_cache, half);
     write_rows(v_new, v_tok_stride, v_head_stride, slot_mapping, T, Hkv, D, v_cache, half);
-    int64_t *seq_of = malloc(sizeof(int64_t) * 2 * (T > 0 ? T : 1));
-    int64_t *position = seq_of + T;
+    if (T == 0) return 0;
+    int64_t *seq_of = malloc(sizeof(int64_t) * 3 * T);
+    if (seq_of == NULL) return -2;
+    int64_t *first_key = seq_of + T, *key_end = first_key + T;
+    int64_t num_token_chunks = 0;
     for (int64_t s = 0; s < num_seqs; s++) {
         const int64_t start = query_start_loc[s], end = query_start_loc[s + 1];
         for (int64_t t = start; t < end; t++) {
+            const int64_t position = seq_lens[s] - (end - start) + (t - start);
             seq_of[t] = s;
-            position[t] = seq_lens[s] - (end - start) + (t - start);
+            key_end[t] = position + 1;
+            first_key[t] = window > 0 && position + 1 > window ? position + 1 - window : 0;
+            num_token_chunks += num_chunks(first_key[t], key_end[t]);
         }
     }
-#pragma omp parallel for collapse(2) schedule(dynamic) num_threads(num_threads)
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t g = 0; g < Hkv; g++)
-            attend_any(q, q_tok_stride, q_head_stride, t, g, position[t],
-                       window > 0 && position[t] + 1 > window ? position[t] + 1 - window : 0,
-                       block_tables + seq_of[t] * table_stride, k_cache, v_cache, half, Hkv,
-                       group, D, block_size, scale, out);
+    int status = 0;
+    if (T * Hkv < 4 * (int64_t)num_threads && num_token_chunks > T)
+        status = attend_spread(q, q_tok_stride, q_head_stride, T, seq_of, first_key, key_end,
+                               num_token_chunks, block_tables, table_stride, k_cache, v_cache,
+                               half, Hkv, group, D, block_size, scale, out, num_threads);
+    else
+        attend_in_turn(q, q_tok_stride, q_head_stride, T, seq_of, first_key, key_end,
+                       block_tables, table_stride, k_cache, v_cache, half, Hkv, group, D,
+                       block_size, scale, out, num_threads);
     free(seq_of);
-    return 0;
+    return status;
 }
