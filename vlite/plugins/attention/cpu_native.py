@@ -8,8 +8,10 @@ prompt chunks, prefix-cache hits and decodes are one code path (each token sees 
 (:mod:`vlite.kernels.native`); it computes in float32, with an online softmax rescaled once
 per cache block, so its results match the ``torch`` reference to float32 rounding, not bit
 for bit. A windowed layer's tokens start at their window's first key. The cache may hold
-float16 (``kv_cache_dtype``; the default for float32 models on the CPU): keys and values
-are rounded to it as they are written, and read back as float32.
+float16 (``kv_cache_dtype``; the default for GGUF models computing in float32): keys and
+values are rounded to it as they are written, and read back as float32. Each token's keys
+are taken in chunks of 256 at fixed positions and folded in order (spread over the threads
+when a step has few tokens), so a token's result does not depend on its batch.
 
 ``auto`` prefers it on the CPU for float32 models; bfloat16/float16 stay with ``torch``.
 """
