@@ -28,7 +28,8 @@ def test_run_prints_each_completion_and_a_summary(tiny_model):
     assert result.exit_code == 0, result.output
     assert "[0] Hello" in result.stdout
     assert "[1] The quick brown" in result.stdout
-    assert "attention backend: cpu" in result.stderr  # what "auto" picked on CPU
+    # What "auto" picked on the CPU, and the cache a checkpoint keeps in its own dtype.
+    assert "attention backend: cpu (KV cache in float32)" in result.stderr
     summary = result.stderr.strip().splitlines()[-1]
     assert summary.startswith("2 requests, ")
     assert "10 output tokens" in summary

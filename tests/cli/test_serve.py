@@ -76,7 +76,8 @@ def test_serve_as_a_subprocess_answers_and_stops_cleanly(tmp_path):
     threading.Thread(target=_lines, args=(process.stderr, lines), daemon=True).start()
     seen: list[str] = []
     try:
-        assert _wait_for_line(lines, r"attention backend: (\w+)", seen).group(1) == "cpu"
+        backend = _wait_for_line(lines, r"attention backend: (\w+) \(KV cache in (\w+)\)", seen)
+        assert backend.groups() == ("cpu", "float32")  # a checkpoint keeps the model's dtype
         memory = _wait_for_line(lines, r"memory: weights .*, KV cache (\d+) blocks x ", seen)
         assert memory.group(1) == "16"  # --num-kv-blocks
         scheduling = _wait_for_line(

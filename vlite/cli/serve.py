@@ -133,7 +133,8 @@ def _announce(server, given: ServerSettings) -> None:
     from vlite.server.tool_calls import chosen_message
 
     info = server.engine.engine_info
-    click.echo(f"attention backend: {info.attention_backend_name}", err=True)
+    cache = f" (KV cache in {info.kv_cache_dtype})" if info.kv_cache_dtype else ""
+    click.echo(f"attention backend: {info.attention_backend_name}{cache}", err=True)
     click.echo(f"quantization: {info.quantization}", err=True)
     for index, core in enumerate(server.engine.engine_infos):
         if core.memory_plan is not None:

@@ -69,6 +69,8 @@ class EngineCoreInfo(msgspec.Struct, array_like=True):
     visible_devices: str | None = None
     #: What the weights and the KV cache hold (``None``: the executor does not report it).
     memory_plan: MemoryPlan | None = None
+    #: The dtype the KV cache stores (``kv_cache_dtype`` as the core resolved it).
+    kv_cache_dtype: str = ""
 
 
 class EngineCoreStats(msgspec.Struct, array_like=True):

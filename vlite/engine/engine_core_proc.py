@@ -129,6 +129,7 @@ class EngineCoreProc:
             node=self.node,
             visible_devices=os.environ.get(VISIBLE_DEVICES_VARIABLE),
             memory_plan=core.memory_plan,
+            kv_cache_dtype=core.config.kv_cache_dtype,
         )
 
     def watch_parent(self) -> None:
