@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -195,9 +196,7 @@ def run_hf_static(args: argparse.Namespace) -> dict[str, Any]:
     def generate(work: Workload) -> int:
         """Every batch to its longest output; the padding tokens it also generated."""
         padding = 0
-        for first in range(0, len(work.prompts), args.hf_batch_size):
-            batch = work.prompts[first : first + args.hf_batch_size]
-            lens = work.output_lens[first : first + args.hf_batch_size]
+        for batch, lens in static_batches(work, args.hf_batch_size):
             input_ids, attention_mask = (t.to(args.peer_device) for t in left_pad(batch, pad_id))
             with torch.inference_mode():
                 output = model.generate(
@@ -257,9 +256,8 @@ def run_hf_compiled(args: argparse.Namespace) -> dict[str, Any]:
     generate_batch(warm_up.prompts, COMPILED_WARM_UP_TOKENS)
     padding = 0
     start = time.perf_counter()
-    for first in range(0, len(workload.prompts), batch_size):
-        lens = workload.output_lens[first : first + batch_size]
-        generate_batch(workload.prompts[first : first + batch_size], max(lens))
+    for batch, lens in static_batches(workload, batch_size):
+        generate_batch(batch, max(lens))
         padding += sum(max(lens) - n for n in lens)
     seconds = time.perf_counter() - start
     return {
@@ -272,6 +270,12 @@ def run_hf_compiled(args: argparse.Namespace) -> dict[str, Any]:
         "device": args.peer_device,
         "dtype": args.peer_dtype,
     }
+
+
+def static_batches(work: Workload, size: int) -> Iterator[tuple[list[list[int]], list[int]]]:
+    """The workload's requests ``size`` at a time, in order: (prompts, output lengths)."""
+    for first in range(0, len(work.prompts), size):
+        yield work.prompts[first : first + size], work.output_lens[first : first + size]
 
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[Any, Any]:
