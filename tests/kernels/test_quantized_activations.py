@@ -143,8 +143,21 @@ def test_the_int16_gemm_gives_a_row_the_same_bits_in_any_batch_it_takes(kernels,
     order = torch.randperm(len(x), generator=torch.Generator().manual_seed(18))
     assert torch.equal(product(x[order]), got[order])
     assert torch.equal(product(x[:gemm_rows]), got[:gemm_rows])
-    # below its rows the tiles sum in their own order: other bits, the same values
-    assert not torch.equal(product(x[: gemm_rows - 1]), got[: gemm_rows - 1])
+    below = product(x[: gemm_rows - 1])
+    if kernels.int16_matches_gemm(qtype):  # the tiles compute as the GEMM does
+        assert torch.equal(below, got[: gemm_rows - 1])
+        for rows in (1, 2, 5):
+            assert torch.equal(product(x[order[:rows]]), got[order[:rows]]), rows
+    else:  # below its rows the tiles sum in their own order: other bits, the same values
+        assert not torch.equal(below, got[: gemm_rows - 1])
+
+
+def test_the_32_value_types_compute_as_the_gemm_does(kernels):
+    matching = {qtype for qtype in QUANTIZED_TYPES if kernels.int16_matches_gemm(qtype)}
+    if kernels.int16_gemm_rows("Q4_1"):  # an AVX-512 VNNI build
+        assert matching == {q for q in QUANTIZED_TYPES if BLOCK_LAYOUTS[q].values == 32}
+    else:
+        assert matching == set()
 
 
 def test_zero_rows_and_float_types_keep_the_float_path(kernels):

@@ -189,6 +189,8 @@ class GGUFBlockKernels:
         lib.vl_matmul_quantized.restype = i32
         lib.vl_int16_gemm_rows.argtypes = [i32]
         lib.vl_int16_gemm_rows.restype = i32
+        lib.vl_int16_matches_gemm.argtypes = [i32]
+        lib.vl_int16_matches_gemm.restype = i32
         self._lib = lib
         self.path = path
 
@@ -206,12 +208,17 @@ class GGUFBlockKernels:
 
     def int16_gemm_rows(self, qtype: str) -> int:
         """Rows from which products of ``qtype`` with int16 activations run as the library's
-        int16 GEMM (``int16_gemm.h``: AVX-512 VNNI; 8 for the 32-value types, 12 for the
-        256-value ones, where it overtakes the tiles; each row's bits then independent of
-        the batch again, but not those of the tiles below), rather than the tiles; 0 where the
+        int16 GEMM (``int16_gemm.h``: AVX-512 VNNI; 12), rather than the tiles; 0 where the
         library has none, so those products keep the tiles up to :meth:`quantized_rows` and
-        the float32 panels beyond."""
+        the float32 panels beyond. A row's bits do not depend on the batch on either side of
+        it; across it they do unless :meth:`int16_matches_gemm`."""
         return int(self._lib.vl_int16_gemm_rows(BLOCK_TYPES[qtype]))
+
+    def int16_matches_gemm(self, qtype: str) -> bool:
+        """Whether int16 products of ``qtype`` below :meth:`int16_gemm_rows` compute as the
+        GEMM does (the 32-value types: their tiles, and the row-lane tiles of ``row_lanes.h``
+        for Q4_0, Q4_1 and Q8_0), so a row of x gets the same bits in a batch of any size."""
+        return bool(self._lib.vl_int16_matches_gemm(BLOCK_TYPES[qtype]))
 
     def has_quantized_activations(self, qtype: str) -> bool:
         """Whether :meth:`product` can multiply ``qtype`` by integer-quantized activations

@@ -491,44 +491,53 @@ static inline __attribute__((always_inline)) void int16_values(int qtype, const 
     }
 }
 
-/* int8_tile's shape for the 32-value types: each block of the NR rows of W is widened once
- * (in registers) for all MR rows of x; each int32 lane sums 4 products w v, below 2^24
- * (|w| <= 128, |v| <= 32258), so its float is exact. */
+/* Lane r of the result: the sum of v[r]'s 8 lanes (integers: exact in any order). */
+static inline __m128i sum_lanes4(const __m256i v[4]) {
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+/* int8_tile's shape for the 32-value types, with the int16 GEMM's arithmetic: each block of
+ * the NR rows of W is widened once (in registers) for all MR rows of x; each pair of rows
+ * sums the block's 32 products in integers (exact), and adds the sum, converted, times the
+ * block's scale times the activations' scale, then the block's offset times the
+ * activations' sum: the same operations in the same order as int16_gemm.h's (and
+ * row_lanes.h's), so a row of y has the same bits from any of them, in a batch of any size. */
 static inline __attribute__((always_inline)) void int16_tile(int qtype, const int MR,
                                                              const int NR, const int8_row *x,
                                                              int64_t K, const uint8_t *w,
                                                              int64_t row_bytes, float *y,
                                                              int64_t ldy) {
     const int bytes = TYPES[qtype].bytes, has_offset = int16_has_offset(qtype);
-    __m256 acc[INT8_MAX_ROWS][4];
-    float offset[INT8_MAX_ROWS][4];
-    for (int i = 0; i < MR; i++)
-        for (int r = 0; r < NR; r++) {
-            acc[i][r] = _mm256_setzero_ps();
-            offset[i][r] = 0.0f;
-        }
+    __m128 acc[INT8_MAX_ROWS]; /* lane r: row r of the NR rows of W */
+    for (int i = 0; i < MR; i++) acc[i] = _mm_setzero_ps();
     for (int64_t blk = 0; blk < K / 32; blk++) {
         const char *ahead = (const char *)w + PREFETCH_TILES * NR * row_bytes + blk * NR * bytes;
         for (int line = 0; line < NR * bytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
-        float a[4], b[4];
+        float a[4] = {0}, b[4] = {0};
         __m256i lo[4], hi[4];
         for (int r = 0; r < NR; r++) {
             int16_scales(qtype, w + r * row_bytes + blk * bytes, &a[r], &b[r]);
             int16_values(qtype, w + r * row_bytes + blk * bytes, &lo[r], &hi[r]);
         }
+        for (int r = NR; r < 4; r++) lo[r] = hi[r] = _mm256_setzero_si256();
+        const __m128 scale = _mm_loadu_ps(a), offset = _mm_loadu_ps(b);
         for (int i = 0; i < MR; i++) {
             const __m256i xa = _mm256_loadu_si256((const __m256i *)(x[i].v16 + 32 * blk));
             const __m256i xb = _mm256_loadu_si256((const __m256i *)(x[i].v16 + 32 * blk + 16));
-            for (int r = 0; r < NR; r++) {
-                const __m256i sums = madd_add(_mm256_madd_epi16(lo[r], xa), hi[r], xb);
-                acc[i][r] = _mm256_fmadd_ps(_mm256_set1_ps(a[r] * x[i].d[blk]),
-                                            _mm256_cvtepi32_ps(sums), acc[i][r]);
-                if (has_offset) offset[i][r] += b[r] * x[i].s32[blk];
-            }
+            __m256i lanes[4];
+            for (int r = 0; r < 4; r++)
+                lanes[r] = r < NR ? madd_add(_mm256_madd_epi16(lo[r], xa), hi[r], xb) : lo[r];
+            const __m128 sums = _mm_cvtepi32_ps(sum_lanes4(lanes));
+            acc[i] = _mm_fmadd_ps(_mm_mul_ps(scale, _mm_set1_ps(x[i].d[blk])), sums, acc[i]);
+            if (has_offset) acc[i] = _mm_fmadd_ps(offset, _mm_set1_ps(x[i].s32[blk]), acc[i]);
         }
     }
-    for (int i = 0; i < MR; i++)
-        for (int r = 0; r < NR; r++) y[i * ldy + r] = int8_hsum(acc[i][r]) + offset[i][r];
+    for (int i = 0; i < MR; i++) {
+        float out[4];
+        _mm_storeu_ps(out, acc[i]);
+        for (int r = 0; r < NR; r++) y[i * ldy + r] = out[r];
+    }
 }
 
 #define INT16_TILE(MR, NR) \
@@ -976,6 +985,20 @@ static const int8_rows_fn INT16_ROWS_OF[VL_NUM_TYPES] = {
 #endif
 
 #include "int16_gemm.h"
+#include "row_lanes.h"
+
+/* 1 when every int16 product of this type gives a row of x the int16 GEMM's bits, whatever
+ * the batch: the 32-value types, whose tiles (and row_lanes.h's) compute as the GEMM does, on
+ * builds with the GEMM. */
+int vl_int16_matches_gemm(int qtype) {
+#if defined(GEMM16)
+    return qtype >= 0 && qtype < VL_NUM_TYPES && GEMM16_ROWS_FN[qtype] != NULL &&
+           TYPES[qtype].values == 32;
+#else
+    (void)qtype;
+    return 0;
+#endif
+}
 
 /* 1 when vl_matmul_quantized multiplies this type (AVX2 builds; every quantized type). */
 int vl_has_quantized_activations(int qtype) {
@@ -997,7 +1020,11 @@ int vl_matmul_quantized(int qtype, int bits, const float *x, int64_t M, int64_t 
                         const uint8_t *w, int64_t N, float *y, int num_threads) {
 #if defined(__AVX2__) && defined(__FMA__)
     if (!vl_has_quantized_activations(qtype) || (bits != 8 && bits != 16)) return -1;
-    const int8_rows_fn rows_fn = (bits == 16 ? INT16_ROWS_OF : INT8_ROWS_OF)[qtype];
+    int8_rows_fn rows_fn = (bits == 16 ? INT16_ROWS_OF : INT8_ROWS_OF)[qtype];
+#if defined(ROW_LANES)
+    /* one row: the tiles stream W from memory better (the same bits) */
+    if (bits == 16 && M > 1 && ROW_LANES_OF[qtype] != NULL) rows_fn = ROW_LANES_OF[qtype];
+#endif
     int8_t *q = malloc((size_t)(bits / 8 * M * K));
     const int64_t per_row = K / 32 + K / 16 + K / 32; /* d, s, s32 */
     float *scales = malloc(sizeof(float) * (size_t)(M * per_row));
