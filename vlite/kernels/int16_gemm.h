@@ -34,11 +34,19 @@
 /* Products of fewer rows of x than this take the tiles (vl_matmul_quantized): below it the
  * panel's unpacking costs more than the tiles' decoding. Measured over a whole file's
  * products in forward order, the weights streamed from memory (benchmarks/model_products.py,
- * AVX-512 EPYC, 2 threads): a 1B Llama's Q4_K and Q6_K, tiles faster up to 8 rows (1.2x),
- * the GEMM 1.3-1.5x at 12 and 1.4-1.6x at 16 (the K-quants' tiles are the stronger); Q4_0,
- * Q4_1 and Q8_0 take row_lanes.h's tiles below it, which give the GEMM's bits, as fast as
- * it at 8 to 11 rows of a 16,384 x 576 matrix and faster below (benchmarks/quantized_activations.py). */
-static inline int gemm16_min_rows(int qtype) { (void)qtype; return 12; }
+ * AVX-512 EPYC, 2 threads): the default model's Q4_1 and Q8_0, tiles faster up to 5 rows,
+ * about even at 6 to 8, the GEMM 1.45x at 16 and 1.8x at 31; a 1B Llama's Q4_K and Q6_K,
+ * tiles faster up to 8 rows (1.2x), the GEMM 1.3-1.5x at 12 and 1.4-1.6x at 16 (the
+ * K-quants' tiles are the stronger). Q4_0, Q4_1 and Q8_0 take row_lanes.h's tiles from 2
+ * rows, faster than the GEMM up to 11 (1,536 x 576 Q4_1 from memory: 59 against 79 µs at 8
+ * rows, 86 against 97 at 11). */
+static inline int gemm16_min_rows(int qtype) {
+    if (TYPES[qtype].values == 256) return 12;
+#if !defined(VL_NO_ROW_LANES)
+    if (qtype == VL_Q4_0 || qtype == VL_Q4_1 || qtype == VL_Q8_0) return 12;
+#endif
+    return 8;
+}
 
 /* Values per float scale: Q6_K keeps its sub-scales as floats (per 16 values). */
 static inline int gemm16_group(int qtype) { return qtype == VL_Q6_K ? 16 : 32; }

@@ -427,24 +427,6 @@ static inline int int16_has_offset(int qtype) {
     return qtype == VL_Q4_0 || qtype == VL_Q4_1 || qtype == VL_Q5_0 || qtype == VL_Q5_1;
 }
 
-/* Block b: value = a * w + offset (Q4_0 and Q5_0: their unsigned values and - 8 d, - 16 d). */
-static inline __attribute__((always_inline)) void int16_scales(int qtype, const uint8_t *b,
-                                                               float *a, float *offset) {
-    *a = fp16_to_fp32(b);
-    switch (qtype) {
-    case VL_Q4_0:
-    case VL_Q5_0:
-        *offset = (qtype == VL_Q4_0 ? -8.0f : -16.0f) * *a;
-        break;
-    case VL_Q4_1:
-    case VL_Q5_1:
-        *offset = fp16_to_fp32(b + 2);
-        break;
-    default: /* Q8_0, IQ4_NL */
-        *offset = 0.0f;
-    }
-}
-
 /* Block b's 32 values as 16-bit integers w: values 0..15 in lo, 16..31 in hi. */
 static inline __attribute__((always_inline)) void int16_values(int qtype, const uint8_t *b,
                                                                __m256i *lo, __m256i *hi) {
@@ -497,6 +479,33 @@ static inline __m128i sum_lanes4(const __m256i v[4]) {
     return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
 
+/* The block scales and offsets of rows 0 .. NR - 1 at b, b + row_bytes, ... (value = scale *
+ * w + offset; lanes past NR repeat row 0's): the rows' first 4 bytes (d, and Q4_1's and
+ * Q5_1's m) converted together, in registers. */
+static inline __attribute__((always_inline)) void int16_scales4(int qtype, const int NR,
+                                                                const uint8_t *b,
+                                                                int64_t row_bytes,
+                                                                __m128 *scale, __m128 *offset) {
+    int32_t h[4];
+    for (int r = 0; r < 4; r++) memcpy(&h[r], b + (r < NR ? r : 0) * row_bytes, 4);
+    const __m256 halves = _mm256_permutevar8x32_ps(
+        _mm256_cvtph_ps(_mm_setr_epi32(h[0], h[1], h[2], h[3])),
+        _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)); /* d of the 4 rows, then their m */
+    *scale = _mm256_castps256_ps128(halves);
+    switch (qtype) {
+    case VL_Q4_1:
+    case VL_Q5_1:
+        *offset = _mm256_extractf128_ps(halves, 1);
+        break;
+    case VL_Q4_0:
+    case VL_Q5_0:
+        *offset = _mm_mul_ps(_mm_set1_ps(qtype == VL_Q4_0 ? -8.0f : -16.0f), *scale);
+        break;
+    default: /* Q8_0, IQ4_NL */
+        *offset = _mm_setzero_ps();
+    }
+}
+
 /* int8_tile's shape for the 32-value types, with the int16 GEMM's arithmetic: each block of
  * the NR rows of W is widened once (in registers) for all MR rows of x; each pair of rows
  * sums the block's 32 products in integers (exact), and adds the sum, converted, times the
@@ -514,14 +523,11 @@ static inline __attribute__((always_inline)) void int16_tile(int qtype, const in
     for (int64_t blk = 0; blk < K / 32; blk++) {
         const char *ahead = (const char *)w + PREFETCH_TILES * NR * row_bytes + blk * NR * bytes;
         for (int line = 0; line < NR * bytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
-        float a[4] = {0}, b[4] = {0};
         __m256i lo[4], hi[4];
-        for (int r = 0; r < NR; r++) {
-            int16_scales(qtype, w + r * row_bytes + blk * bytes, &a[r], &b[r]);
-            int16_values(qtype, w + r * row_bytes + blk * bytes, &lo[r], &hi[r]);
-        }
+        for (int r = 0; r < NR; r++) int16_values(qtype, w + r * row_bytes + blk * bytes, &lo[r], &hi[r]);
         for (int r = NR; r < 4; r++) lo[r] = hi[r] = _mm256_setzero_si256();
-        const __m128 scale = _mm_loadu_ps(a), offset = _mm_loadu_ps(b);
+        __m128 scale, offset;
+        int16_scales4(qtype, NR, w + blk * bytes, row_bytes, &scale, &offset);
         for (int i = 0; i < MR; i++) {
             const __m256i xa = _mm256_loadu_si256((const __m256i *)(x[i].v16 + 32 * blk));
             const __m256i xb = _mm256_loadu_si256((const __m256i *)(x[i].v16 + 32 * blk + 16));
