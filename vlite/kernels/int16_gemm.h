@@ -37,15 +37,16 @@
  * AVX-512 EPYC, 2 threads): the default model's Q4_1 and Q8_0, tiles faster up to 5 rows,
  * about even at 6 to 8, the GEMM 1.45x at 16 and 1.8x at 31; a 1B Llama's Q4_K and Q6_K,
  * tiles faster up to 8 rows (1.2x), the GEMM 1.3-1.5x at 12 and 1.4-1.6x at 16 (the
- * K-quants' tiles are the stronger). Q4_0, Q4_1 and Q8_0 take row_lanes.h's tiles from 2
+ * K-quants' tiles are the stronger). The 32-value types take row_lanes.h's tiles from 2
  * rows, faster than the GEMM up to 11 (1,536 x 576 Q4_1 from memory: 59 against 79 µs at 8
  * rows, 86 against 97 at 11). */
 static inline int gemm16_min_rows(int qtype) {
     if (TYPES[qtype].values == 256) return 12;
-#if !defined(VL_NO_ROW_LANES)
-    if (qtype == VL_Q4_0 || qtype == VL_Q4_1 || qtype == VL_Q8_0) return 12;
-#endif
+#if defined(VL_NO_ROW_LANES)
     return 8;
+#else
+    return 12;
+#endif
 }
 
 /* Values per float scale: Q6_K keeps its sub-scales as floats (per 16 values). */

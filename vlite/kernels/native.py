@@ -208,8 +208,7 @@ class GGUFBlockKernels:
 
     def int16_gemm_rows(self, qtype: str) -> int:
         """Rows from which products of ``qtype`` with int16 activations run as the library's
-        int16 GEMM (``int16_gemm.h``: AVX-512 VNNI; 12 for Q4_0, Q4_1, Q8_0 and the
-        256-value types, 8 for the others), rather than the tiles; 0 where the
+        int16 GEMM (``int16_gemm.h``: AVX-512 VNNI; 12), rather than the tiles; 0 where the
         library has none, so those products keep the tiles up to :meth:`quantized_rows` and
         the float32 panels beyond. A row's bits do not depend on the batch on either side of
         it; across it they do unless :meth:`int16_matches_gemm`."""
@@ -217,8 +216,8 @@ class GGUFBlockKernels:
 
     def int16_matches_gemm(self, qtype: str) -> bool:
         """Whether int16 products of ``qtype`` below :meth:`int16_gemm_rows` compute as the
-        GEMM does (the 32-value types: their tiles, and the row-lane tiles of ``row_lanes.h``
-        for Q4_0, Q4_1 and Q8_0), so a row of x gets the same bits in a batch of any size."""
+        GEMM does (the 32-value types: their tiles for one row, the row-lane tiles of
+        ``row_lanes.h`` for more), so a row of x gets the same bits in a batch of any size."""
         return bool(self._lib.vl_int16_matches_gemm(BLOCK_TYPES[qtype]))
 
     def has_quantized_activations(self, qtype: str) -> bool:

@@ -1,8 +1,8 @@
 /*
  * A few rows of int16 activations (a verification of drafts, a small batch, a short prefill)
- * by Q4_0, Q4_1 and Q8_0 weights on AVX-512 VNNI: one row of W per 32-bit lane, transposed
- * in registers. Included by quantized_activations.h after int16_gemm.h (it uses int8_row,
- * TYPES and gemm16_bias).
+ * by the 32-value types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) on AVX-512 VNNI: one row of W
+ * per 32-bit lane, transposed in registers. Included by quantized_activations.h after
+ * int16_gemm.h (it uses int8_row, TYPES, IQ4_VALUES and gemm16_bias).
  *
  * The tiles of quantized_activations.h keep a block's 32 values across the lanes of a
  * vector: every pair of a row of x and a row of W needs its own products and reduction per
@@ -10,13 +10,14 @@
  * row of W in each lane instead, but unpacks W through a stored panel, which only pays from
  * a dozen rows of x. Here the same layout comes straight from the blocks' bytes, in
  * registers: the 16-byte chunks of 16 rows of W are transposed 16 bits at a time (word u of
- * every row side by side: two values of Q8_0, four nibbles of Q4_0 and Q4_1), then widened
- * to 16 bits, so that lane j of vector t holds values 2 t and 2 t + 1 of row j. One vpdpwssd
- * multiplies it by the matching pair of a row of x, broadcast; 16 of them give each of the
- * 16 rows' integer sum over the block in its own lane, converted, scaled by the 16 rows'
- * block scales and added in one fused multiply-add. The unpacking is shared by every row of
- * x, so two rows cost about 1.2 times one, five about 1.6 times (one row alone stays on the
- * tiles, which stream W from memory better: vl_matmul_quantized).
+ * every row side by side: two values of Q8_0, four nibbles of the others), then widened to
+ * 16 bits (IQ4_NL's nibbles through its table, Q5's fifth bits or'ed in), so that lane j of
+ * vector t holds values 2 t and 2 t + 1 of row j. One vpdpwssd multiplies it by the
+ * matching pair of a row of x, broadcast; 16 of them give each of the 16 rows' integer sum
+ * over the block in its own lane, converted, scaled by the 16 rows' block scales and added
+ * in one fused multiply-add. The unpacking is shared by every row of x: five rows of Q4_1
+ * cost about twice one (the tiles: 2.7 times). One row alone stays on the tiles, which
+ * stream W from memory better (vl_matmul_quantized).
  *
  * A row of y is computed with the GEMM's arithmetic exactly (the same integer sums, the
  * same float operations in the same order: a block's scale times its sum, then its offset
@@ -58,8 +59,52 @@ static inline __m256i word_of(const __m512i out[4], int u) {
     return u % 2 ? _mm512_extracti64x4_epi64(out[u / 2], 1) : _mm512_castsi512_si256(out[u / 2]);
 }
 
+/* The 4 bytes at b + row_offset[j] of the 16 rows, as the dwords of one vector (loaded one
+ * by one: a gather is no faster here, and slow on CPUs whose microcode guards it). */
+static inline __attribute__((always_inline)) __m512i row_dwords(const uint8_t *b,
+                                                                const int64_t row_offset[16]) {
+    __m128i quarter[4];
+    for (int q = 0; q < 4; q++) {
+        int32_t h[4];
+        for (int r = 0; r < 4; r++) memcpy(&h[r], b + row_offset[4 * q + r], 4);
+        quarter[q] = _mm_setr_epi32(h[0], h[1], h[2], h[3]);
+    }
+    __m512i v = _mm512_castsi128_si512(quarter[0]);
+    for (int q = 1; q < 4; q++) v = _mm512_inserti32x4(v, quarter[q], q);
+    return v;
+}
+
+/* Where a 32-value block keeps its nibbles (byte k: value k low, value k + 16 high) and its
+ * fifth bits (Q5_0, Q5_1: bit k of a dword, value k's 16). */
+static inline int nibbles_at(int qtype) {
+    return qtype == VL_Q4_1 ? 4 : qtype == VL_Q5_0 ? 6 : qtype == VL_Q5_1 ? 8 : 2;
+}
+static inline int fifth_bits_at(int qtype) { return qtype == VL_Q5_0 ? 2 : 4; }
+
+/* Q5's fifth bits added to pairs[]: value 2 u's to bit 4 of lane j's low word of pairs[u],
+ * value 2 u + 1's to bit 4 of its high word (values 16.. in pairs[u + 8]). The row's 32 bits
+ * are first regrouped so that values 2 u and 2 u + 1 sit 16 bits apart (bits 2 u and
+ * 2 u + 16: one shift and one masked or per vector then). */
+static inline __attribute__((always_inline)) void add_fifth_bits(__m512i qh, __m512i pairs[16]) {
+    const __m512i even = _mm512_and_si512(qh, _mm512_set1_epi32(0x55555555));
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(qh, 1), _mm512_set1_epi32(0x55555555));
+    const __m512i low_half = _mm512_set1_epi32(0xFFFF), bits = _mm512_set1_epi32(0x00100010);
+    /* (a & c) | b, and a | (b & ~c): 0xEC and 0xF4 (a = 0xF0, b = 0xCC, c = 0xAA) */
+    const __m512i first = _mm512_ternarylogic_epi32(even, _mm512_slli_epi32(odd, 16), low_half, 0xEC);
+    const __m512i second = _mm512_ternarylogic_epi32(_mm512_srli_epi32(even, 16), odd, low_half, 0xF4);
+    for (int u = 0; u < 8; u++)
+        for (int h = 0; h < 2; h++) {
+            const __m512i spread = h ? second : first;
+            const __m512i at4 = 2 * u >= 4 ? _mm512_srli_epi32(spread, 2 * u - 4)
+                                           : _mm512_slli_epi32(spread, 4 - 2 * u);
+            /* pairs | (at4 & bits) */
+            pairs[u + 8 * h] = _mm512_ternarylogic_epi32(pairs[u + 8 * h], at4, bits, 0xF8);
+        }
+}
+
 /* Block blk of 16 rows (at w + row_offset[j]) as 16 vectors of pairs: lane j of pairs[t]
- * holds values 2 t and 2 t + 1 of row j as 16-bit integers (Q4_0: its unsigned nibbles). */
+ * holds values 2 t and 2 t + 1 of row j as 16-bit integers (Q4_0 and Q5_0: unsigned, their
+ * - 8 d and - 16 d taken as offsets). */
 static inline __attribute__((always_inline)) void row_lanes_values(int qtype, const uint8_t *w,
                                                                    const int64_t row_offset[16],
                                                                    int64_t blk,
@@ -75,35 +120,38 @@ static inline __attribute__((always_inline)) void row_lanes_values(int qtype, co
         }
         return;
     }
-    /* byte k of a Q4 block holds value k (low nibble) and value k + 16 (high) */
-    for (int j = 0; j < 16; j++) p[j] = w + row_offset[j] + blk * bytes + (qtype == VL_Q4_1 ? 4 : 2);
+    for (int j = 0; j < 16; j++) p[j] = w + row_offset[j] + blk * bytes + nibbles_at(qtype);
     transpose_words(p, words);
+    if (qtype == VL_IQ4_NL) { /* each nibble through the 16 values, then widened */
+        const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_VALUES));
+        const __m256i low4 = _mm256_set1_epi8(15);
+        for (int u = 0; u < 8; u++) {
+            const __m256i v = word_of(words, u);
+            pairs[u] = _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(table, _mm256_and_si256(v, low4)));
+            pairs[u + 8] = _mm512_cvtepi8_epi16(
+                _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(v, 4), low4)));
+        }
+        return;
+    }
     const __m512i low4 = _mm512_set1_epi16(15);
     for (int u = 0; u < 8; u++) {
         const __m512i v = _mm512_cvtepu8_epi16(word_of(words, u));
         pairs[u] = _mm512_and_si512(v, low4);
         pairs[u + 8] = _mm512_srli_epi16(v, 4);
     }
+    if (qtype == VL_Q5_0 || qtype == VL_Q5_1)
+        add_fifth_bits(row_dwords(w + blk * bytes + fifth_bits_at(qtype), row_offset), pairs);
 }
 
 /* The 16 rows' block scales and offsets (value = scale * w + offset), as the GEMM's: each
- * row's first 4 bytes (Q4_1: d and m; Q4_0, Q8_0: d), loaded one by one (a gather is no
- * faster here, and slow on CPUs whose microcode guards it). */
+ * row's first 4 bytes (d, and Q4_1's and Q5_1's m). */
 static inline __attribute__((always_inline)) void row_lanes_scales(int qtype, const uint8_t *w,
                                                                    const int64_t row_offset[16],
                                                                    int64_t blk, __m512 *scale,
                                                                    __m512 *offset) {
-    const uint8_t *b = w + blk * TYPES[qtype].bytes;
-    __m128i quarter[4];
-    for (int q = 0; q < 4; q++) {
-        int32_t h[4];
-        for (int r = 0; r < 4; r++) memcpy(&h[r], b + row_offset[4 * q + r], 4);
-        quarter[q] = _mm_setr_epi32(h[0], h[1], h[2], h[3]);
-    }
-    __m512i header = _mm512_castsi128_si512(quarter[0]);
-    for (int q = 1; q < 4; q++) header = _mm512_inserti32x4(header, quarter[q], q);
+    const __m512i header = row_dwords(w + blk * TYPES[qtype].bytes, row_offset);
     *scale = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(header));
-    if (qtype == VL_Q4_1)
+    if (qtype == VL_Q4_1 || qtype == VL_Q5_1)
         *offset = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(header, 16)));
     else
         *offset = _mm512_mul_ps(_mm512_set1_ps(-(float)gemm16_bias(qtype)), *scale);
@@ -132,7 +180,7 @@ static inline __attribute__((always_inline)) void row_lanes_tile(int qtype, cons
                                                                  int64_t row_bytes, int rows,
                                                                  int64_t ahead_bytes, float *y,
                                                                  int64_t ldy) {
-    const int has_offset = qtype != VL_Q8_0;
+    const int has_offset = qtype != VL_Q8_0 && qtype != VL_IQ4_NL;
     int64_t row_offset[16];
     for (int j = 0; j < 16; j++) /* lanes past the last row repeat it; not stored */
         row_offset[j] = (j < rows ? j : rows - 1) * row_bytes;
@@ -187,9 +235,13 @@ static inline __attribute__((always_inline)) void row_lanes_rows(int qtype, cons
 ROW_LANES_ROWS(q4_0, VL_Q4_0)
 ROW_LANES_ROWS(q4_1, VL_Q4_1)
 ROW_LANES_ROWS(q8_0, VL_Q8_0)
+ROW_LANES_ROWS(q5_0, VL_Q5_0)
+ROW_LANES_ROWS(q5_1, VL_Q5_1)
+ROW_LANES_ROWS(iq4_nl, VL_IQ4_NL)
 
 static const int8_rows_fn ROW_LANES_OF[VL_NUM_TYPES] = {
     [VL_Q4_0] = q4_0_row_lanes_rows, [VL_Q4_1] = q4_1_row_lanes_rows,
-    [VL_Q8_0] = q8_0_row_lanes_rows,
+    [VL_Q8_0] = q8_0_row_lanes_rows, [VL_Q5_0] = q5_0_row_lanes_rows,
+    [VL_Q5_1] = q5_1_row_lanes_rows, [VL_IQ4_NL] = iq4_nl_row_lanes_rows,
 };
 #endif
