@@ -165,3 +165,26 @@ def test_every_vector_path_decodes_and_multiplies_exactly(isa):
         for num_rows in (1, 2, 5, native.GEMM_ROWS + 1):
             x = torch.randn(num_rows, cols, generator=torch.Generator().manual_seed(7))
             assert_product_close(kernels.product(qtype, blocks, 21, cols)(x), x, weights)
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512", "avx512_vnni"])
+def test_every_vector_path_multiplies_the_32_value_types_with_the_gemms_bits(isa):
+    """The 32-value types' int16 tiles compute with the int16 GEMM's arithmetic on every
+    build that has them (AVX2 and up, with or without VNNI), so another build's products
+    have this build's bits, whichever of its tiles, row lanes or GEMM took them."""
+    import platform
+
+    native_kernels = gguf_block_kernels()
+    feature = ISA_BUILDS[isa][1]
+    if platform.machine() != "x86_64" or not _cpu_has(feature):
+        pytest.skip(f"this CPU cannot run the {isa} build")
+    if not native_kernels.int16_matches_gemm("Q4_1"):
+        pytest.skip("this machine's build has no int16 GEMM to compare with")
+    kernels = native.GGUFBlockKernels(native.build_library(native.SOURCE, _isa_flags(isa)))
+    for qtype in (q for q in ALL_TYPES if BLOCK_LAYOUTS[q].values == 32 and "F" not in q):
+        blocks, _, cols = matrix(qtype, 37, 2, seed=8)
+        for num_rows in (1, 2, 5, 13):
+            x = torch.randn(num_rows, cols, generator=torch.Generator().manual_seed(num_rows))
+            got = kernels.product(qtype, blocks, 37, cols, "int16")(x)
+            expected = native_kernels.product(qtype, blocks, 37, cols, "int16")(x)
+            assert torch.equal(got, expected), (qtype, num_rows)
