@@ -44,6 +44,9 @@ figures are still shown.
     python benchmarks/serving.py --engines vlite --data-parallel-size 2 \
         --vlite-args='--cpu-threads 1'                            # two engine cores
 
+``--json FILE`` also writes the settings and every engine's figures per round, with each
+metric's best and median, as the other harness scripts do.
+
 ``--data-parallel-size N`` runs vlite with N engine-core processes behind its API server
 (``vlite serve --data-parallel-size N``); each core computes with the server's default
 share of the cores unless ``--vlite-args`` sets ``--cpu-threads``.
@@ -181,6 +184,13 @@ def parse_args() -> argparse.Namespace:
                 "llama.cpp": "--llama.cpp-args='--no-cont-batching'",
             }[engine],
         )
+    parser.add_argument(
+        "--json",
+        type=Path,
+        metavar="FILE",
+        help="also write the settings and every engine's figures per round (and their best "
+        "and median) as JSON",
+    )
     parser.add_argument(
         "--show-server-logs",
         action="store_true",
@@ -671,6 +681,54 @@ def print_report(
             print(f"no ratio: {peer} did not finish (see above)")
 
 
+def report_document(
+    rounds: dict[str, list[EngineRun]], args: argparse.Namespace, model: Model
+) -> dict:
+    """What ``--json`` writes: the settings, and per engine its command, each round's
+    figures (or its error) and each metric's ``[best, median]`` over the rounds that
+    finished."""
+    engines = {}
+    for name, runs in rounds.items():
+        done = [metrics(run) for run in runs if run.error is None]
+        engines[name] = {
+            "description": runs[0].description if runs else None,
+            "rounds": [
+                {
+                    "startup_s": run.startup_s,
+                    "duration_s": run.duration_s,
+                    "error": run.error,
+                    "metrics": metrics(run) if run.error is None else None,
+                }
+                for run in runs
+            ],
+            "best_and_median": {k: list(v) for k, v in summarize(done).items()} if done else {},
+        }
+    settings = {
+        "model": str(model.vlite),
+        "dtype": args.dtype,
+        "device": args.device,
+        "threads": args.threads,
+        "num_requests": args.num_requests,
+        "concurrency": args.concurrency,
+        "max_tokens": args.max_tokens,
+        "prompt_len": list(args.prompt_len),
+        "seed": args.seed,
+        "data_parallel_size": args.data_parallel_size,
+        "rounds": args.rounds,
+    }
+    return {"settings": settings, "engines": engines}
+
+
+def write_report(
+    rounds: dict[str, list[EngineRun]], args: argparse.Namespace, model: Model
+) -> None:
+    """Print the report, and write it as JSON with ``--json``."""
+    print_report(rounds, args, model)
+    if args.json:
+        args.json.write_text(json.dumps(report_document(rounds, args, model), indent=2) + "\n")
+        print(f"wrote {args.json}")
+
+
 def summarize(per_round: list[dict[str, float]]) -> dict[str, tuple[float, float]]:
     """Each metric's ``(best, median)`` over the rounds."""
     summary = {}
@@ -711,9 +769,9 @@ def main() -> None:
     except KeyboardInterrupt:
         # The servers are stopped already (Server.__exit__); report what finished.
         print("\ninterrupted", file=sys.stderr)
-        print_report({name: runs for name, runs in rounds.items() if runs}, args, model)
+        write_report({name: runs for name, runs in rounds.items() if runs}, args, model)
         sys.exit(130)
-    print_report(rounds, args, model)
+    write_report(rounds, args, model)
 
 
 if __name__ == "__main__":
