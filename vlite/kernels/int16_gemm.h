@@ -52,14 +52,8 @@ static inline int gemm16_min_rows(int qtype) {
 /* Values per float scale: Q6_K keeps its sub-scales as floats (per 16 values). */
 static inline int gemm16_group(int qtype) { return qtype == VL_Q6_K ? 16 : 32; }
 
-/* Q4_0 and Q5_0 multiply their unsigned values, their - 8 d and - 16 d an offset on the
- * exact activations, as the tiles do at int16 (int16_has_offset). */
-static inline int gemm16_bias(int qtype) {
-    return qtype == VL_Q4_0 ? 8 : qtype == VL_Q5_0 ? 16 : 0;
-}
-
 static inline int gemm16_has_offset(int qtype) {
-    return int8_has_offset(qtype) || gemm16_bias(qtype) != 0;
+    return int8_has_offset(qtype) || int16_bias(qtype) != 0;
 }
 
 /* Q2_K's offsets differ per 16 values; the other offset types' per 32. */
@@ -103,7 +97,7 @@ static inline __attribute__((always_inline)) __m512i gemm16_chunk(int qtype, con
                                                                   int c, float *lo, float *hi) {
     const __m512i v = int8_signed(qtype) ? _mm512_cvtepi8_epi16(b->w[c]) : _mm512_cvtepu8_epi16(b->w[c]);
     *lo = *hi = b->a[c];
-    if (gemm16_bias(qtype)) return _mm512_add_epi16(v, _mm512_set1_epi16((short)gemm16_bias(qtype)));
+    if (int16_bias(qtype)) return _mm512_add_epi16(v, _mm512_set1_epi16((short)int16_bias(qtype)));
     if (!int8_has_subscales(qtype)) return v;
     const short sub_lo = (short)_mm256_extract_epi16(b->scale[c], 0);
     const short sub_hi = (short)_mm256_extract_epi16(b->scale[c], 8);
@@ -125,7 +119,7 @@ static inline __attribute__((always_inline)) void gemm16_unpack(int qtype, const
     const int values = TYPES[qtype].values, bytes = TYPES[qtype].bytes, chunks = values / 32;
     const uint8_t *next = w + GEMM16_ROWS * row_bytes;
     const int group = gemm16_group(qtype), offset_values = gemm16_offset_values(qtype);
-    const int has_offset = gemm16_has_offset(qtype), bias = gemm16_bias(qtype);
+    const int has_offset = gemm16_has_offset(qtype), bias = int16_bias(qtype);
     for (int64_t blk = 0; blk < K / values; blk++) {
         for (int half = 0; half < GEMM16_ROWS / 16; half++) {
             __m512i chunk_rows[8][16];

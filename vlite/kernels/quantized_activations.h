@@ -423,8 +423,17 @@ static inline __attribute__((always_inline)) void int8_rows(int qtype, const int
 
 /* ---- int16 activations on 32-value blocks: values widened to 16 bits --------------------- */
 
+/* Q4_0 and Q5_0 are multiplied by their unsigned values, their - 8 d and - 16 d taken as
+ * an offset on the exact activations (by the tiles, the row lanes and the GEMM alike). */
+static inline int int16_bias(int qtype) {
+    return qtype == VL_Q4_0 ? 8 : qtype == VL_Q5_0 ? 16 : 0;
+}
+
+/* The 32-value types with a minimum per block (value = d w + m). */
+static inline int int16_has_minimum(int qtype) { return qtype == VL_Q4_1 || qtype == VL_Q5_1; }
+
 static inline int int16_has_offset(int qtype) {
-    return qtype == VL_Q4_0 || qtype == VL_Q4_1 || qtype == VL_Q5_0 || qtype == VL_Q5_1;
+    return int16_bias(qtype) != 0 || int16_has_minimum(qtype);
 }
 
 /* Block b's 32 values as 16-bit integers w: values 0..15 in lo, 16..31 in hi. */
@@ -492,18 +501,10 @@ static inline __attribute__((always_inline)) void int16_scales4(int qtype, const
         _mm256_cvtph_ps(_mm_setr_epi32(h[0], h[1], h[2], h[3])),
         _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)); /* d of the 4 rows, then their m */
     *scale = _mm256_castps256_ps128(halves);
-    switch (qtype) {
-    case VL_Q4_1:
-    case VL_Q5_1:
+    if (int16_has_minimum(qtype))
         *offset = _mm256_extractf128_ps(halves, 1);
-        break;
-    case VL_Q4_0:
-    case VL_Q5_0:
-        *offset = _mm_mul_ps(_mm_set1_ps(qtype == VL_Q4_0 ? -8.0f : -16.0f), *scale);
-        break;
-    default: /* Q8_0, IQ4_NL */
-        *offset = _mm_setzero_ps();
-    }
+    else /* - 8 d, - 16 d (Q4_0, Q5_0); Q8_0 and IQ4_NL have no offset */
+        *offset = _mm_mul_ps(_mm_set1_ps(-(float)int16_bias(qtype)), *scale);
 }
 
 /* int8_tile's shape for the 32-value types, with the int16 GEMM's arithmetic: each block of
@@ -525,7 +526,6 @@ static inline __attribute__((always_inline)) void int16_tile(int qtype, const in
         for (int line = 0; line < NR * bytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
         __m256i lo[4], hi[4];
         for (int r = 0; r < NR; r++) int16_values(qtype, w + r * row_bytes + blk * bytes, &lo[r], &hi[r]);
-        for (int r = NR; r < 4; r++) lo[r] = hi[r] = _mm256_setzero_si256();
         __m128 scale, offset;
         int16_scales4(qtype, NR, w + blk * bytes, row_bytes, &scale, &offset);
         for (int i = 0; i < MR; i++) {
@@ -533,7 +533,8 @@ static inline __attribute__((always_inline)) void int16_tile(int qtype, const in
             const __m256i xb = _mm256_loadu_si256((const __m256i *)(x[i].v16 + 32 * blk + 16));
             __m256i lanes[4];
             for (int r = 0; r < 4; r++)
-                lanes[r] = r < NR ? madd_add(_mm256_madd_epi16(lo[r], xa), hi[r], xb) : lo[r];
+                lanes[r] = r < NR ? madd_add(_mm256_madd_epi16(lo[r], xa), hi[r], xb)
+                                  : _mm256_setzero_si256();
             const __m128 sums = _mm_cvtepi32_ps(sum_lanes4(lanes));
             acc[i] = _mm_fmadd_ps(_mm_mul_ps(scale, _mm_set1_ps(x[i].d[blk])), sums, acc[i]);
             if (has_offset) acc[i] = _mm_fmadd_ps(offset, _mm_set1_ps(x[i].s32[blk]), acc[i]);

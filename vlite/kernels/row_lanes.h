@@ -2,7 +2,7 @@
  * A few rows of int16 activations (a verification of drafts, a small batch, a short prefill)
  * by the 32-value types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) on AVX-512 VNNI: one row of W
  * per 32-bit lane, transposed in registers. Included by quantized_activations.h after
- * int16_gemm.h (it uses int8_row, TYPES, IQ4_VALUES and gemm16_bias).
+ * int16_gemm.h (it uses int8_row, TYPES, IQ4_VALUES and int16_bias).
  *
  * The tiles of quantized_activations.h keep a block's 32 values across the lanes of a
  * vector: every pair of a row of x and a row of W needs its own products and reduction per
@@ -31,7 +31,6 @@
 
 /* Rows of x multiplied together against one unpacked block (more: in turn). */
 #define ROW_LANES_MR 8
-
 
 /* The 16 bytes at p[j] for 16 rows j, transposed by 16-bit words: word u (u = 0..7) of
  * every row, in row order, is the low 256 bits of out[u / 2] for even u, the high for odd. */
@@ -151,10 +150,10 @@ static inline __attribute__((always_inline)) void row_lanes_scales(int qtype, co
                                                                    __m512 *offset) {
     const __m512i header = row_dwords(w + blk * TYPES[qtype].bytes, row_offset);
     *scale = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(header));
-    if (qtype == VL_Q4_1 || qtype == VL_Q5_1)
+    if (int16_has_minimum(qtype))
         *offset = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(header, 16)));
     else
-        *offset = _mm512_mul_ps(_mm512_set1_ps(-(float)gemm16_bias(qtype)), *scale);
+        *offset = _mm512_mul_ps(_mm512_set1_ps(-(float)int16_bias(qtype)), *scale);
 }
 
 /* Row i of x by the block's pairs: each lane's integer sum over the block (four chains). */
