@@ -28,3 +28,21 @@ def exact_float32_products():
     finally:
         for module, name, value in saved:
             setattr(module, name, value)
+
+
+@pytest.fixture
+def replayed_decode_sizes():
+    """``replayed_decode_sizes(*qtypes) -> (1, ..., largest)``: the decode batch sizes the
+    worker records for CPU step replay in a model whose products are of ``qtypes``, with
+    int16 activations (the default): every size up to ``CPU_REPLAY_MAX_SEQS`` whose
+    products stay in the C kernels on this CPU (an AVX2 build multiplies 32 rows of the
+    32-value types by PyTorch's GEMM, which a recording refuses)."""
+    from vlite.kernels.native import gguf_block_kernels
+    from vlite.worker.worker import CPU_REPLAY_MAX_SEQS
+
+    def sizes(*qtypes: str) -> tuple[int, ...]:
+        kernels = gguf_block_kernels()
+        panels = min(kernels.panel_rows(qtype, "int16") for qtype in qtypes)
+        return tuple(range(1, min(CPU_REPLAY_MAX_SEQS, panels - 1) + 1))
+
+    return sizes

@@ -131,7 +131,9 @@ def test_the_int16_gemm_gives_a_row_the_same_bits_in_any_batch_it_takes(kernels,
     gemm_rows = kernels.int16_gemm_rows(qtype)
     blocks, weights, offsets, cols = matrix(qtype, 37, 2, seed=16, activations="int16")
     x = torch.randn(
-        max(gemm_rows, native.GEMM_ROWS) + 9, cols, generator=torch.Generator().manual_seed(17)
+        max(tile_rows(kernels, qtype, "int16"), native.GEMM_ROWS) + 9,
+        cols,
+        generator=torch.Generator().manual_seed(17),
     )
     x[:, 5] = 40.0  # an outlier: its block's other values round coarsely enough to show
     product = kernels.product(qtype, blocks, 37, cols, "int16")

@@ -32,7 +32,6 @@ from vlite.models.rope import rope_parameters_from_config
 from vlite.models.spec import layer_sliding_windows
 from vlite.testing.tiny_gguf import write_tiny_gguf
 from vlite.testing.tiny_models import make_tiny_model
-from vlite.worker.worker import CPU_REPLAY_MAX_SEQS as MAX
 
 #: case -> (architecture, make_tiny_model overrides). The overrides make each model one the
 #: format can describe: query_pre_attn_scalar = head_dim (what llama.cpp derives for every
@@ -213,7 +212,9 @@ def test_the_c_kernels_compute_what_pytorchs_ops_compute_on_the_same_weights(qua
                 assert top[token_id].logprob == pytest.approx(entry.logprob, abs=1e-4)
 
 
-def test_quantized_gemma3_decode_steps_are_replayed_with_the_eager_tokens(tmp_path, capsys):
+def test_quantized_gemma3_decode_steps_are_replayed_with_the_eager_tokens(
+    tmp_path, capsys, replayed_decode_sizes
+):
     architecture, overrides = CASES["gemma3"]
     folder = make_tiny_model(
         tmp_path / "hf", architecture, num_kv_heads=2, tie_word_embeddings=True, **overrides
@@ -222,7 +223,10 @@ def test_quantized_gemma3_decode_steps_are_replayed_with_the_eager_tokens(tmp_pa
     eager = _greedy_with_logprobs(LLM(model=path, num_kv_blocks=32, enforce_eager=True))
     capsys.readouterr()
     replayed = LLM(model=path, num_kv_blocks=32)
-    assert f"CPU step replay: {MAX} decode batch sizes (1-{MAX})" in capsys.readouterr().err
+    largest = len(replayed_decode_sizes("Q8_0"))
+    assert f"CPU step replay: {largest} decode batch sizes (1-{largest})" in (
+        capsys.readouterr().err
+    )
     outputs = _greedy_with_logprobs(replayed)
     assert [o.token_ids for o in outputs] == [o.token_ids for o in eager]
     assert [o.logprobs for o in outputs] == [o.logprobs for o in eager]

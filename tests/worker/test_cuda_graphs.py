@@ -15,7 +15,12 @@ import torch
 from vlite import LLM, SamplingParams
 from vlite.testing.attention_cases import build_metadata
 from vlite.testing.engine_runs import cached_tiny_model
-from vlite.worker.cuda_graphs import PAD_SLOT, DecodeInputBuffers, capture_sizes
+from vlite.worker.cuda_graphs import (
+    PAD_SLOT,
+    DecodeInputBuffers,
+    NotCapturable,
+    capture_sizes,
+)
 
 
 class RerunCapturer:
@@ -88,6 +93,41 @@ def test_replayed_decodes_give_the_eager_tokens():
     assert _greedy_tokens(llm, prompts) == eager
     # Six requests decode eagerly until at most four remain, which replay (padded to 4, 2, 1).
     assert capturer.replays >= 6
+
+
+class RefusingCapturer(RerunCapturer):
+    """Refuses forwards of more than ``largest`` rows, as a CPU recording refuses a forward
+    whose many-row products compute in PyTorch."""
+
+    def __init__(self, largest: int) -> None:
+        super().__init__()
+        self.largest = largest
+
+    def capture(self, fn):
+        rows = fn().shape[0]
+        if rows > self.largest:
+            raise NotCapturable(f"a forward of {rows} rows computes elsewhere")
+        return super().capture(fn)
+
+
+def test_sizes_the_capturer_refuses_run_eagerly_and_the_rest_replay():
+    model = str(cached_tiny_model("LlamaForCausalLM"))
+    prompts = [[3 + i, 40 + 7 * i, 9][: 1 + i % 3] + [17] * (i * 5) for i in range(6)]
+    options = dict(
+        model=model, attention_backend="triton", num_kv_blocks=64, dtype="float32", device="cpu"
+    )
+    eager = _greedy_tokens(LLM(**options), prompts)
+    llm = LLM(**options)
+    runner = llm.llm_engine.engine_core.executor.worker.runner
+    capturer = RefusingCapturer(largest=2)
+    report = runner.capture_decode_graphs((1, 2, 3, 4, 8), 512, capturer)
+    assert report.sizes == (1, 2) and report.eager_sizes == (3, 4, 8)
+    assert report.describe().endswith("; eager at 3-4, 8 (a forward of 3 rows computes elsewhere)")
+    assert runner.decode_graphs.padded_size(2) == 2 and runner.decode_graphs.padded_size(3) is None
+    assert _greedy_tokens(llm, prompts) == eager
+    assert capturer.replays >= 3  # the last two requests' steps, at 2 and then 1
+    with pytest.raises(NotCapturable, match="a forward of 1 rows"):
+        runner.capture_decode_graphs((1, 2), 512, RefusingCapturer(largest=0))
 
 
 def test_a_backend_without_graph_support_runs_eagerly():

@@ -257,19 +257,14 @@ class GGUFBlockKernels:
         either way.
         """
         _check_blocks(qtype, blocks, out_features, in_features)
-        if activations not in ACTIVATION_BITS:
-            raise ValueError(f"activations={activations!r}; allowed: {', '.join(ACTIVATION_BITS)}")
         code = BLOCK_TYPES[qtype]
         exact = functools.partial(_call, self._lib.vl_matmul, code)
-        quantized, quantized_rows = exact, 0
-        if ACTIVATION_BITS[activations] and self.has_quantized_activations(qtype):
+        quantized, quantized_rows = exact, self._quantized_rows_of(qtype, activations)
+        if quantized_rows:
             bits = ACTIVATION_BITS[activations]
             quantized = functools.partial(_call, self._lib.vl_matmul_quantized, code, bits)
-            quantized_rows = self.quantized_rows(qtype)
-            if bits == 16 and self.int16_gemm_rows(qtype):
-                quantized_rows = sys.maxsize  # the library's GEMM takes the many rows
-        many_rows = None if self.has_gemm(qtype) else self._panel_product(qtype, blocks)
-        panel_rows = max(GEMM_ROWS, quantized_rows)
+        panel_rows = self.panel_rows(qtype, activations)
+        many_rows = None if panel_rows == sys.maxsize else self._panel_product(qtype, blocks)
 
         def product(x: torch.Tensor) -> torch.Tensor:
             if (
@@ -295,6 +290,27 @@ class GGUFBlockKernels:
             return out
 
         return product
+
+    def _quantized_rows_of(self, qtype: str, activations: str) -> int:
+        """Rows below which :meth:`product` quantizes the activations (0: never;
+        ``sys.maxsize``: always, the library's int16 GEMM taking the many rows)."""
+        if activations not in ACTIVATION_BITS:
+            raise ValueError(f"activations={activations!r}; allowed: {', '.join(ACTIVATION_BITS)}")
+        if not (ACTIVATION_BITS[activations] and self.has_quantized_activations(qtype)):
+            return 0
+        if ACTIVATION_BITS[activations] == 16 and self.int16_gemm_rows(qtype):
+            return sys.maxsize
+        return self.quantized_rows(qtype)
+
+    def panel_rows(self, qtype: str, activations: str = "float32") -> int:
+        """Rows from which :meth:`product` of ``qtype`` decodes the weight into float32
+        panels for PyTorch's GEMM (``sys.maxsize``: never, the library multiplies any
+        number of rows itself). A forward whose products all stay in the library can be
+        recorded for replay (:mod:`vlite.worker.cpu_graphs`) at that many rows."""
+        quantized_rows = self._quantized_rows_of(qtype, activations)
+        if self.has_gemm(qtype) or quantized_rows == sys.maxsize:
+            return sys.maxsize
+        return max(GEMM_ROWS, quantized_rows)
 
     def _panel_product(
         self, qtype: str, blocks: torch.Tensor

@@ -17,9 +17,10 @@ model.
 A forward qualifies only if PyTorch computes nothing in it: while recording, a
 torch-function mode lets through views, metadata reads and allocations (cut from one arena
 all recordings share, as CUDA graphs share a pool) and refuses any other operation with
-:class:`NotCapturable`, which names it; the worker then runs that model eagerly and says
-why. Replays are the same C calls on the same memory, so their results are bit for bit the
-eager forward's. The thread count is read at every replay.
+:class:`NotCapturable`, which names it; that batch size runs eagerly (a forward of many
+rows may multiply in PyTorch where one of few does not), and if every size does, the whole
+model, and the worker says why. Replays are the same C calls on the same memory, so their
+results are bit for bit the eager forward's. The thread count is read at every replay.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from torch.overrides import TorchFunctionMode
 
 from vlite.kernels import native
 from vlite.kernels.call_replay import compile_replay
+from vlite.worker.cuda_graphs import NotCapturable
 
 #: Functions that allocate a new tensor: served from the capturer's arena while recording.
 _ALLOCATIONS = frozenset({"empty", "empty_like", "new_empty"})
@@ -41,10 +43,6 @@ _METADATA = frozenset(
 )
 #: Alignment of each tensor in the arena (a cache line).
 _ALIGN = 64
-
-
-class NotCapturable(Exception):
-    """A forward computes outside the C kernels, so its C calls alone do not redo it."""
 
 
 class _RecordingGuard(TorchFunctionMode):

@@ -120,11 +120,18 @@ class DecodeInputBuffers:
             self.seq_lens[n:size].fill_(1)
 
 
+class NotCapturable(Exception):
+    """A capturer cannot record a forward: it computes where the capturer does not see
+    (:class:`~vlite.worker.cpu_graphs.NativeCallCapturer` records the C kernels' calls
+    only). Raised for one batch size, that size runs eagerly."""
+
+
 class GraphCapturer(Protocol):
     """Turns a callable into ``(replay, output)``: ``replay()`` redoes the callable's work,
-    rewriting ``output``, over the same inputs. A capturer may also offer
-    ``size_memory(forward_of, largest)``, which :meth:`DecodeGraphs.capture` calls first
-    (:class:`~vlite.worker.cpu_graphs.NativeCallCapturer` sizes its shared memory there)."""
+    rewriting ``output``, over the same inputs, or raises :class:`NotCapturable`. A capturer
+    may also offer ``size_memory(forward_of, largest)``, which :meth:`DecodeGraphs.capture`
+    calls first (:class:`~vlite.worker.cpu_graphs.NativeCallCapturer` sizes its shared
+    memory there)."""
 
     def capture(
         self, fn: Callable[[], torch.Tensor]
@@ -155,15 +162,36 @@ class CaptureReport:
     memory_bytes: int
     #: What was captured: ``"CUDA graphs"``, or ``"CPU step replay"`` (:mod:`.cpu_graphs`).
     kind: str = "CUDA graphs"
+    #: The sizes asked for that the capturer refused (they run eagerly), ascending.
+    eager_sizes: tuple[int, ...] = ()
+    #: Why the smallest of :attr:`eager_sizes` was refused (``None`` when none was).
+    eager_reason: str | None = None
 
     def describe(self) -> str:
-        sizes = f"{self.sizes[0]}-{self.sizes[-1]}" if len(self.sizes) > 1 else str(self.sizes[0])
-        return (
+        text = (
             f"{self.kind}: {len(self.sizes)} decode batch size{'s' * (len(self.sizes) > 1)} "
-            f"({sizes}) captured in "
+            f"({_size_ranges(self.sizes)}) captured in "
             f"{self.seconds:.1f} s, {self.memory_bytes / (1 << 20):.0f} MiB "
             "(--enforce-eager turns them off)"
         )
+        if self.eager_sizes:
+            text += f"; eager at {_size_ranges(self.eager_sizes)} ({self.eager_reason})"
+        return text
+
+
+def _size_ranges(sizes: tuple[int, ...]) -> str:
+    """``(1, 2, 3, 8)`` -> ``"1-3, 8"``: ascending sizes as runs of consecutive ones.
+
+    >>> _size_ranges((1, 2, 3, 8, 16, 17))
+    '1-3, 8, 16-17'
+    """
+    runs: list[list[int]] = []
+    for size in sizes:
+        if runs and size == runs[-1][-1] + 1:
+            runs[-1].append(size)
+        else:
+            runs.append([size])
+    return ", ".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs)
 
 
 class DecodeGraphs:
@@ -196,24 +224,38 @@ class DecodeGraphs:
         """Capture one graph per size, largest first (later graphs reuse its pool memory);
         on CUDA each is run once eagerly first, so kernels compile outside the capture.
         A capturer that can size its shared memory beforehand (``size_memory``, the CPU's)
-        does so for the largest."""
+        does so for the largest. A size the capturer refuses (:class:`NotCapturable`: a
+        forward of many rows may compute where it does not see) runs eagerly; a batch
+        replays the next captured size up.
+
+        Raises:
+            NotCapturable: the capturer refused every size (nothing is replayed).
+        """
         device = self.buffers.input_ids.device
         start = time.perf_counter()
         before = _reserved_bytes(device)
         size_memory = getattr(self.capturer, "size_memory", None)
         if size_memory is not None:
             size_memory(self._warmed_up_forward, max(sizes))
+        refused: dict[int, NotCapturable] = {}
         for size in sorted(sizes, reverse=True):
-            self._graphs[size] = self.capturer.capture(self._warmed_up_forward(size))
+            try:
+                self._graphs[size] = self.capturer.capture(self._warmed_up_forward(size))
+            except NotCapturable as error:
+                refused[size] = error
+        if not self._graphs:
+            raise refused[min(refused)]
         self.sizes = tuple(sorted(self._graphs))
         _synchronize(device)
+        eager = {"eager_sizes": tuple(sorted(refused))}
+        if refused:
+            eager["eager_reason"] = str(refused[min(refused)])
         if device.type == "cuda":
-            return CaptureReport(
-                self.sizes, time.perf_counter() - start, _reserved_bytes(device) - before
-            )
+            memory = _reserved_bytes(device) - before
+            return CaptureReport(self.sizes, time.perf_counter() - start, memory, **eager)
         retained = getattr(self.capturer, "retained_bytes", 0)
         return CaptureReport(
-            self.sizes, time.perf_counter() - start, retained, kind="CPU step replay"
+            self.sizes, time.perf_counter() - start, retained, kind="CPU step replay", **eager
         )
 
     def _warmed_up_forward(self, size: int) -> Callable[[], torch.Tensor]:

@@ -105,8 +105,10 @@ class ModelRunner:
             capturer: how graphs are made (:class:`~vlite.worker.cuda_graphs.GraphCapturer`).
 
         Raises:
-            NotCapturable: the capturer cannot record this model's forward
-                (:class:`~vlite.worker.cpu_graphs.NativeCallCapturer`); nothing is replayed.
+            NotCapturable: the capturer cannot record this model's forward at any of
+                ``sizes`` (:class:`~vlite.worker.cpu_graphs.NativeCallCapturer`); nothing
+                is replayed. Sizes it refuses among others run eagerly (the report's
+                ``eager_sizes``).
         """
         max_blocks = -(-max_seq_len // self.block_size)
         buffers = DecodeInputBuffers(max(sizes), max_blocks, self.device)
