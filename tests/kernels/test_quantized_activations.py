@@ -187,7 +187,7 @@ def test_many_rows_of_int8_keep_float32_activations(kernels, qtype):
 
 
 def test_the_256_value_types_keep_int8_tiles_up_to_their_own_row_count(kernels):
-    assert kernels.quantized_rows("Q4_K") > native.GEMM_ROWS == kernels.quantized_rows("Q5_0")
+    assert kernels.quantized_rows("Q4_K") > kernels.quantized_rows("Q5_0") >= native.GEMM_ROWS
     blocks, weights, offsets, cols = matrix("Q4_K", 9, 1, seed=5, activations="int8")
     x = torch.randn(native.GEMM_ROWS + 8, cols, generator=torch.Generator().manual_seed(6))
     x[:, 5] = 9.0  # an outlier: its block's other values round coarsely

@@ -84,6 +84,11 @@ GEMM_ROWS = 32
 #: 4096 x 2048, AVX-512 EPYC, 2 threads: 2-2.8x the panels at 64 rows, 1.4-1.8x at 128,
 #: about even at 256; the 32-value types are even at 64 rows).
 QUANTIZED_ROWS_256 = 128
+#: The same for the 32-value types in a build without the int16 GEMM (AVX2): their int16
+#: tiles beat the float32 panels up to about here (AMD EPYC without AVX-512, 2 threads:
+#: 1.37x at 32 rows, 1.08-1.3x at 64 on 576 x 1536, 1536 x 576 and 2048 x 2048, about even
+#: at 96-128). Builds with the GEMM keep :data:`GEMM_ROWS` for int8 activations.
+QUANTIZED_ROWS_32 = 64
 
 #: ``GGUFBlockKernels.product``'s ``activations``: the bits they are quantized to (0: kept
 #: float32).
@@ -203,8 +208,11 @@ class GGUFBlockKernels:
     def quantized_rows(self, qtype: str) -> int:
         """Products of fewer rows of ``qtype`` than this take quantized activations (when
         asked for and :meth:`has_quantized_activations`): :data:`QUANTIZED_ROWS_256` for
-        the 256-value types, :data:`GEMM_ROWS` for the others."""
-        return QUANTIZED_ROWS_256 if BLOCK_LAYOUTS[qtype].values == 256 else GEMM_ROWS
+        the 256-value types; for the others :data:`GEMM_ROWS` in a build with the int16
+        GEMM, :data:`QUANTIZED_ROWS_32` without it."""
+        if BLOCK_LAYOUTS[qtype].values == 256:
+            return QUANTIZED_ROWS_256
+        return GEMM_ROWS if self.int16_gemm_rows(qtype) else QUANTIZED_ROWS_32
 
     def int16_gemm_rows(self, qtype: str) -> int:
         """Rows from which products of ``qtype`` with int16 activations run as the library's
