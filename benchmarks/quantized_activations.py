@@ -11,7 +11,7 @@ kernels use, ``vdpbf16ps`` beside ``vpdpwssd``, where the CPU has AVX-512 BF16) 
 streaming read of 256 MiB; then one row per type and row count: the best times, each
 quantized mode's speed against float32, best (median), and each mode's GFLOP/s as a share
 of its unit's measured peak (float32 of the float32 GEMM's, int8 and int16 of the bf16
-GEMM's). Decode sizes (1, 8 rows) show the memory-bound products ``quantized_activations
+GEMM's where that is the faster, else of the float32 GEMM's: see :func:`peak_of`). Decode sizes (1, 8 rows) show the memory-bound products ``quantized_activations
 =auto`` was chosen from (README, "Quantized activations"); prefill sizes (64, 512 rows)
 the compute-bound ones, how far each path runs from its unit's limit. Run it on a quiet
 machine.
@@ -117,8 +117,13 @@ def measured_limits() -> dict[str, float]:
     return limits
 
 
-#: Which measured peak each mode's GFLOP/s is a share of: its multiply unit's.
-PEAK_OF = {"float32": "float32", "int8": "bfloat16", "int16": "bfloat16"}
+def peak_of(limits: dict[str, float]) -> dict[str, str]:
+    """Which measured peak each mode's GFLOP/s is a share of: its multiply unit's, the
+    bfloat16 GEMM's for the integer modes where it beats float32's (AVX-512 BF16 or AMX:
+    the 16-bit dot-product unit), else float32's (without them bfloat16 is emulated and
+    ``vpmaddwd`` runs at most at the FMA units' rate)."""
+    integer = "bfloat16" if limits["bfloat16"] > limits["float32"] else "float32"
+    return {"float32": "float32", "int8": integer, "int16": integer}
 
 
 def ratio(best: dict[str, float], median: dict[str, float], mode: str) -> str:
@@ -138,6 +143,8 @@ def main() -> None:
         f"{limits['bfloat16']:.0f} GFLOP/s (torch.mm, up to 2048^3), streaming read "
         f"{limits['read']:.1f} GB/s (sum of 256 MiB)"
     )
+    peaks = peak_of(limits)
+    print(f"integer modes' share: of the {peaks['int16']} GEMM's peak")
     print(
         "| type | rows | float32 µs | int8 µs | int16 µs | int8 / float32 best (median) "
         "| int16 / float32 best (median) | GFLOP/s float32, int8, int16 (of the unit's peak) |"
@@ -157,7 +164,7 @@ def main() -> None:
             median = {mode: statistics.median(t) for mode, t in times.items()}
             gflops = {mode: 2 * num_rows * rows * cols / best[mode] / 1e9 for mode in MODES}
             shares = ", ".join(
-                f"{gflops[mode]:.0f} ({gflops[mode] / limits[PEAK_OF[mode]]:.0%})" for mode in MODES
+                f"{gflops[mode]:.0f} ({gflops[mode] / limits[peaks[mode]]:.0%})" for mode in MODES
             )
             print(
                 f"| {qtype} | {num_rows} | {1e6 * best['float32']:.0f} | "
