@@ -77,20 +77,31 @@ def _greedy_tokens(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
     return [list(out.outputs[0].token_ids) for out in outputs]
 
 
-def test_replayed_decodes_give_the_eager_tokens():
-    model = str(cached_tiny_model("LlamaForCausalLM"))
-    prompts = [[3 + i, 40 + 7 * i, 9][: 1 + i % 3] + [17] * (i * 5) for i in range(6)]
+#: Six prompts of different lengths (the batch shrinks as requests finish).
+PROMPTS = [[3 + i, 40 + 7 * i, 9][: 1 + i % 3] + [17] * (i * 5) for i in range(6)]
+
+
+def _eager_tokens_and_a_fresh_llm() -> tuple[list[list[int]], LLM]:
+    """The tiny Llama's greedy tokens for :data:`PROMPTS`, eager, and a new engine of it to
+    capture graphs in (the Triton backend, under the interpreter)."""
     options = dict(
-        model=model, attention_backend="triton", num_kv_blocks=64, dtype="float32", device="cpu"
+        model=str(cached_tiny_model("LlamaForCausalLM")),
+        attention_backend="triton",
+        num_kv_blocks=64,
+        dtype="float32",
+        device="cpu",
     )
-    eager = _greedy_tokens(LLM(**options), prompts)
-    llm = LLM(**options)
+    return _greedy_tokens(LLM(**options), PROMPTS), LLM(**options)
+
+
+def test_replayed_decodes_give_the_eager_tokens():
+    eager, llm = _eager_tokens_and_a_fresh_llm()
     worker = llm.llm_engine.engine_core.executor.worker
     assert worker.cuda_graphs_unavailable_reason() is None
     capturer = RerunCapturer()
     report = worker.runner.capture_decode_graphs(capture_sizes(4), 512, capturer)
     assert report.sizes == (1, 2, 4)
-    assert _greedy_tokens(llm, prompts) == eager
+    assert _greedy_tokens(llm, PROMPTS) == eager
     # Six requests decode eagerly until at most four remain, which replay (padded to 4, 2, 1).
     assert capturer.replays >= 6
 
@@ -111,20 +122,14 @@ class RefusingCapturer(RerunCapturer):
 
 
 def test_sizes_the_capturer_refuses_run_eagerly_and_the_rest_replay():
-    model = str(cached_tiny_model("LlamaForCausalLM"))
-    prompts = [[3 + i, 40 + 7 * i, 9][: 1 + i % 3] + [17] * (i * 5) for i in range(6)]
-    options = dict(
-        model=model, attention_backend="triton", num_kv_blocks=64, dtype="float32", device="cpu"
-    )
-    eager = _greedy_tokens(LLM(**options), prompts)
-    llm = LLM(**options)
+    eager, llm = _eager_tokens_and_a_fresh_llm()
     runner = llm.llm_engine.engine_core.executor.worker.runner
     capturer = RefusingCapturer(largest=2)
     report = runner.capture_decode_graphs((1, 2, 3, 4, 8), 512, capturer)
     assert report.sizes == (1, 2) and report.eager_sizes == (3, 4, 8)
     assert report.describe().endswith("; eager at 3-4, 8 (a forward of 3 rows computes elsewhere)")
     assert runner.decode_graphs.padded_size(2) == 2 and runner.decode_graphs.padded_size(3) is None
-    assert _greedy_tokens(llm, prompts) == eager
+    assert _greedy_tokens(llm, PROMPTS) == eager
     assert capturer.replays >= 3  # the last two requests' steps, at 2 and then 1
     with pytest.raises(NotCapturable, match="a forward of 1 rows"):
         runner.capture_decode_graphs((1, 2), 512, RefusingCapturer(largest=0))
@@ -162,7 +167,7 @@ def test_cuda_graph_replays_give_the_eager_tokens(num_prompts):
     report = llm.llm_engine.engine_core.executor.worker.cuda_graph_report
     assert report is not None and report.sizes == (1, 2, 4, 8, 16, 32)
     assert "CUDA graphs: 6 decode batch sizes (1-32)" in report.describe()
-    assert _greedy_tokens(llm, prompts) == eager
+    assert _greedy_tokens(llm, PROMPTS) == eager
 
 
 @pytest.mark.gpu
