@@ -11,10 +11,10 @@ kernels use, ``vdpbf16ps`` beside ``vpdpwssd``, where the CPU has AVX-512 BF16) 
 streaming read of 256 MiB; then one row per type and row count: the best times, each
 quantized mode's speed against float32, best (median), and each mode's GFLOP/s as a share
 of its unit's measured peak (float32 of the float32 GEMM's, int8 and int16 of the bf16
-GEMM's where that is the faster, else of the float32 GEMM's: see :func:`peak_of`). Decode sizes (1, 8 rows) show the memory-bound products ``quantized_activations
-=auto`` was chosen from (README, "Quantized activations"); prefill sizes (64, 512 rows)
-the compute-bound ones, how far each path runs from its unit's limit. Run it on a quiet
-machine.
+GEMM's where that is the faster, else of the float32 GEMM's: see :func:`peak_of`). Decode
+sizes (1, 8 rows) show the memory-bound products ``quantized_activations=auto`` was chosen
+from (README, "Quantized activations"); prefill sizes (64, 512 rows) the compute-bound
+ones, how far each path runs from its unit's limit. Run it on a quiet machine.
 
     python benchmarks/quantized_activations.py                     # 1 and 8 rows, 2 threads
     python benchmarks/quantized_activations.py --rows 64 512 --shape 8192 2048 --repeats 5
