@@ -247,9 +247,10 @@ class DecodeGraphs:
             raise refused[min(refused)]
         self.sizes = tuple(sorted(self._graphs))
         _synchronize(device)
-        eager = {"eager_sizes": tuple(sorted(refused))}
-        if refused:
-            eager["eager_reason"] = str(refused[min(refused)])
+        eager = dict(
+            eager_sizes=tuple(sorted(refused)),
+            eager_reason=str(refused[min(refused)]) if refused else None,
+        )
         if device.type == "cuda":
             memory = _reserved_bytes(device) - before
             return CaptureReport(self.sizes, time.perf_counter() - start, memory, **eager)
